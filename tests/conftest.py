@@ -1,0 +1,29 @@
+"""Test set-up: four forced CPU devices (for sharded sweeps), strict dtype promotion.
+
+GPU tests (marker ``gpu``) are deselected by default; on a GPU machine run
+``VOCABJAX_TEST_GPU=1 python -m pytest -m gpu``.
+"""
+
+import os
+
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+).strip()
+if not os.environ.get("VOCABJAX_TEST_GPU"):
+    os.environ["JAX_PLATFORMS"] = "cpu"
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+jax.config.update("jax_numpy_dtype_promotion", "strict")
+
+settings.register_profile("ci", derandomize=True, deadline=None, max_examples=50)
+settings.load_profile("ci")
+
+
+def pytest_collection_modifyitems(config, items):
+    has_gpu = any(d.platform == "gpu" for d in jax.devices())
+    for item in items:
+        if "gpu" in item.keywords and not has_gpu:
+            item.add_marker(pytest.mark.skip(reason="needs a GPU"))

@@ -1,0 +1,293 @@
+"""Device profiles: the roofline ceilings of an accelerator and, after ``autotune``, its measured
+unembedding kernel times.
+
+A builtin profile is a datasheet: every number below carries its source. ``autotune`` writes a
+measured profile in the same schema (``ceilings``, ``kernels``, ``best``); ``load_device`` reads
+either a builtin name or such a JSON file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from vocabjax.errors import UserError
+from vocabjax.profiles import (
+    SCHEMA,
+    atomic_write_json,
+    check_profile,
+    load_json,
+    positive_number,
+    require,
+)
+
+Dtype = Literal["bf16", "f32"]
+DTYPES: tuple[str, ...] = ("bf16", "f32")
+BYTES_PER_ELEMENT: Mapping[str, int] = {"bf16": 2, "f32": 4, "fp8": 1}
+
+TFLOPS = 1e12
+GBPS = 1e9
+GB = 1e9
+GIB = 1024**3
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelTiming:
+    """One measured (or selected) unembedding kernel at one shape."""
+
+    op: str  # public op name, e.g. "greedy", "logsumexp", "linear_cross_entropy"
+    vocab: int  # V, rows of the unembedding matrix
+    batch: int  # B, rows of h
+    d_model: int  # D, the shared inner dimension
+    dtype: str  # weight dtype, "bf16" or "f32"
+    impl: str  # "xla", "chunked" or "pallas"
+    blocks: Mapping[str, int]  # tile sizes the implementation ran with ({} when it has none)
+    time_s: float  # median wall time of one call, seconds
+    roofline_fraction: float  # roofline floor time / measured time, in (0, 1] when sound
+
+    @classmethod
+    def from_json(cls, row: Any, *, where: str) -> KernelTiming:
+        if not isinstance(row, Mapping):
+            raise UserError(f"{where} must be an object")
+        require(row, ("op", "vocab", "batch", "d_model", "dtype", "impl", "time_s"), where=where)
+        ints = {}
+        for key in ("vocab", "batch", "d_model"):
+            value = row[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise UserError(f"{where}.{key} must be a positive integer, got {value!r}")
+            ints[key] = value
+        blocks = row.get("blocks") or {}
+        if not isinstance(blocks, Mapping):
+            raise UserError(f"{where}.blocks must be an object")
+        return cls(
+            op=str(row["op"]),
+            dtype=str(row["dtype"]),
+            impl=str(row["impl"]),
+            blocks={str(k): int(v) for k, v in blocks.items()},
+            time_s=positive_number(row["time_s"], where=f"{where}.time_s"),
+            roofline_fraction=positive_number(
+                row.get("roofline_fraction", 0.0), where=f"{where}.roofline_fraction", allow_zero=True
+            ),
+            **ints,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "blocks": dict(self.blocks)}
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceProfile:
+    """Roofline ceilings of one device, and what autotune measured on it."""
+
+    name: str  # short name used in tables ("a100-80gb", or the autotuned device's kind)
+    peak_flops: Mapping[str, float]  # dense FLOP/s per dtype ("bf16", "f32")
+    hbm_bandwidth: float  # bytes/s of device memory
+    memory_bytes: float  # device memory capacity, bytes
+    launch_overhead_s: float  # fixed cost of one kernel launch, seconds
+    source: str  # where the numbers come from (datasheet, paper, or "autotune ...")
+    compute_efficiency: float = 1.0  # e_c: achieved / peak FLOP/s for large matmuls
+    memory_efficiency: float = 1.0  # e_m: achieved / peak bandwidth for large copies
+    kernels: tuple[KernelTiming, ...] = ()  # every candidate autotune timed
+    best: tuple[KernelTiming, ...] = ()  # the fastest candidate per (op, vocab, batch, d, dtype)
+    measured: bool = False  # True for a profile written by autotune
+
+    def __post_init__(self) -> None:
+        if not self.peak_flops:
+            raise UserError(f"device {self.name!r}: peak_flops needs at least one dtype")
+        for dtype, value in self.peak_flops.items():
+            positive_number(value, where=f"device {self.name!r} peak_flops[{dtype}]")
+        positive_number(self.hbm_bandwidth, where=f"device {self.name!r} hbm_bandwidth")
+        positive_number(self.memory_bytes, where=f"device {self.name!r} memory_bytes")
+        positive_number(
+            self.launch_overhead_s, where=f"device {self.name!r} launch_overhead_s", allow_zero=True
+        )
+        for field in ("compute_efficiency", "memory_efficiency"):
+            value = positive_number(getattr(self, field), where=f"device {self.name!r} {field}")
+            if value > 1.0:
+                raise UserError(f"device {self.name!r} {field} must be <= 1, got {value}")
+
+    def flops(self, dtype: str = "bf16") -> float:
+        """Dense peak FLOP/s for ``dtype`` (bf16 falls back to f32 on devices without it)."""
+        if dtype in self.peak_flops:
+            return float(self.peak_flops[dtype])
+        if dtype == "bf16" and "f32" in self.peak_flops:
+            return float(self.peak_flops["f32"])
+        raise UserError(f"device {self.name!r} has no peak FLOP/s for dtype {dtype!r}")
+
+    def ridge_point(self, dtype: str = "bf16") -> float:
+        """FLOP per byte at which a kernel turns from memory-bound to compute-bound."""
+        return self.flops(dtype) / self.hbm_bandwidth
+
+    def best_rows(self, op: str, dtype: str) -> tuple[KernelTiming, ...]:
+        return tuple(r for r in self.best if r.op == op and r.dtype == dtype)
+
+    # --- JSON ---------------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "kind": "device",
+            "name": self.name,
+            "source": self.source,
+            "measured": self.measured,
+            "memory_bytes": self.memory_bytes,
+            "ceilings": {
+                "hbm_bandwidth": self.hbm_bandwidth,
+                "peak_flops": dict(self.peak_flops),
+                "ridge_point": {d: self.ridge_point(d) for d in self.peak_flops},
+                "launch_overhead_s": self.launch_overhead_s,
+            },
+            "efficiency": {
+                "compute": self.compute_efficiency,
+                "memory": self.memory_efficiency,
+            },
+            "kernels": [k.to_json() for k in self.kernels],
+            "best": [k.to_json() for k in self.best],
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, *, where: str = "device profile") -> DeviceProfile:
+        data = check_profile(data, "device", where=where)
+        require(data, ("name", "ceilings", "memory_bytes"), where=where)
+        ceilings = data["ceilings"]
+        if not isinstance(ceilings, Mapping):
+            raise UserError(f"{where}: ceilings must be an object")
+        require(ceilings, ("hbm_bandwidth", "peak_flops", "launch_overhead_s"), where=f"{where}: ceilings")
+        peak = ceilings["peak_flops"]
+        if not isinstance(peak, Mapping):  # a single number: the profile's one dtype
+            peak = {str(data.get("dtype", "bf16")): peak}
+        peak = {
+            str(k): positive_number(v, where=f"{where}: ceilings.peak_flops.{k}")
+            for k, v in peak.items()
+        }
+        efficiency = data.get("efficiency") or {}
+        if not isinstance(efficiency, Mapping):
+            raise UserError(f"{where}: efficiency must be an object")
+        rows = {}
+        for key in ("kernels", "best"):
+            value = data.get(key) or []
+            if not isinstance(value, list):
+                raise UserError(f"{where}: {key} must be a list")
+            rows[key] = tuple(
+                KernelTiming.from_json(r, where=f"{where}: {key}[{i}]") for i, r in enumerate(value)
+            )
+        return cls(
+            name=str(data["name"]),
+            peak_flops=peak,
+            hbm_bandwidth=positive_number(ceilings["hbm_bandwidth"], where=f"{where}: hbm_bandwidth"),
+            memory_bytes=positive_number(data["memory_bytes"], where=f"{where}: memory_bytes"),
+            launch_overhead_s=positive_number(
+                ceilings["launch_overhead_s"], where=f"{where}: launch_overhead_s", allow_zero=True
+            ),
+            source=str(data.get("source", where)),
+            compute_efficiency=float(efficiency.get("compute", 1.0)),
+            memory_efficiency=float(efficiency.get("memory", 1.0)),
+            measured=bool(data.get("measured", False)),
+            **rows,
+        )
+
+
+# Launch overhead is not a datasheet number. 4 us is the order of a CUDA kernel launch seen from
+# the host without CUDA graphs (NVIDIA CUDA C++ Best Practices Guide, "kernel launch overhead" is
+# a few microseconds); autotune replaces it with a measured value.
+_LAUNCH_S = 4e-6
+
+BUILTIN_DEVICES: Mapping[str, DeviceProfile] = {
+    p.name: p
+    for p in (
+        DeviceProfile(
+            name="a10g",
+            # AWS G5's A10G: 24 GB GDDR6 at 600 GB/s, BF16 tensor 70 TFLOPS dense, FP32 31.2 TFLOPS
+            # (Baseten, "NVIDIA A10 vs A10G for ML model inference", spec table; AWS G5 page).
+            # Ridge point 70e12 / 600e9 = 116.7 FLOP/byte: the paper's "about 117".
+            peak_flops={"bf16": 70 * TFLOPS, "f32": 31.2 * TFLOPS},
+            hbm_bandwidth=600 * GBPS,
+            memory_bytes=24 * GB,
+            launch_overhead_s=_LAUNCH_S,
+            source="datasheet: AWS G5 / Baseten A10 vs A10G spec table",
+        ),
+        DeviceProfile(
+            name="a100-40gb",
+            # NVIDIA A100 datasheet (SXM4 40GB): BF16 tensor 312 TFLOPS dense, FP32 19.5 TFLOPS,
+            # HBM2 1,555 GB/s, 40 GB.
+            peak_flops={"bf16": 312 * TFLOPS, "f32": 19.5 * TFLOPS},
+            hbm_bandwidth=1555 * GBPS,
+            memory_bytes=40 * GB,
+            launch_overhead_s=_LAUNCH_S,
+            source="datasheet: NVIDIA A100 Tensor Core GPU, 40GB SXM",
+        ),
+        DeviceProfile(
+            name="a100-80gb",
+            # NVIDIA A100 datasheet (SXM4 80GB): BF16 312 TFLOPS dense, FP32 19.5 TFLOPS,
+            # HBM2e 2,039 GB/s, 80 GB.
+            peak_flops={"bf16": 312 * TFLOPS, "f32": 19.5 * TFLOPS},
+            hbm_bandwidth=2039 * GBPS,
+            memory_bytes=80 * GB,
+            launch_overhead_s=_LAUNCH_S,
+            source="datasheet: NVIDIA A100 Tensor Core GPU, 80GB SXM",
+        ),
+        DeviceProfile(
+            name="a100-paper",
+            # The source paper quotes an A100 ridge point of about 183 FLOP/byte, between the
+            # datasheet's 40GB (201) and 80GB (153) parts. Peak is the datasheet's 312 TFLOPS;
+            # bandwidth is derived as 312e12 / 183 so that the paper's ridge point holds. Memory
+            # is taken as 80 GB. Use it to reproduce the paper, a datasheet profile otherwise.
+            peak_flops={"bf16": 312 * TFLOPS, "f32": 19.5 * TFLOPS},
+            hbm_bandwidth=312 * TFLOPS / 183.0,
+            memory_bytes=80 * GB,
+            launch_overhead_s=_LAUNCH_S,
+            source="as the paper states: A100 ridge point 183 FLOP/byte (bandwidth derived)",
+        ),
+        DeviceProfile(
+            name="h100-sxm",
+            # NVIDIA H100 datasheet (SXM5): BF16 989.4 TFLOPS dense (1,979 with sparsity),
+            # FP32 67 TFLOPS, HBM3 3.35 TB/s, 80 GB.
+            peak_flops={"bf16": 989.4 * TFLOPS, "f32": 67 * TFLOPS},
+            hbm_bandwidth=3350 * GBPS,
+            memory_bytes=80 * GB,
+            launch_overhead_s=_LAUNCH_S,
+            source="datasheet: NVIDIA H100 Tensor Core GPU, SXM5",
+        ),
+        DeviceProfile(
+            name="h200",
+            # NVIDIA H200 datasheet (SXM): BF16 989 TFLOPS dense (1,979 sparse), FP32 67 TFLOPS,
+            # HBM3e 4.8 TB/s, 141 GB.
+            peak_flops={"bf16": 989.4 * TFLOPS, "f32": 67 * TFLOPS},
+            hbm_bandwidth=4800 * GBPS,
+            memory_bytes=141 * GB,
+            launch_overhead_s=_LAUNCH_S,
+            source="datasheet: NVIDIA H200 Tensor Core GPU, SXM",
+        ),
+        DeviceProfile(
+            name="l4",
+            # NVIDIA L4 datasheet: BF16 tensor 121 TFLOPS dense (242 sparse), FP32 30.3 TFLOPS,
+            # GDDR6 300 GB/s, 24 GB.
+            peak_flops={"bf16": 121 * TFLOPS, "f32": 30.3 * TFLOPS},
+            hbm_bandwidth=300 * GBPS,
+            memory_bytes=24 * GB,
+            launch_overhead_s=_LAUNCH_S,
+            source="datasheet: NVIDIA L4 Tensor Core GPU",
+        ),
+    )
+}
+
+DEFAULT_DEVICE = "a100-80gb"
+
+
+def load_device(name_or_path: str | os.PathLike) -> DeviceProfile:
+    """A builtin profile by name, or a device profile JSON (as ``autotune`` writes)."""
+    key = str(name_or_path)
+    if key.lower() in BUILTIN_DEVICES:
+        return BUILTIN_DEVICES[key.lower()]
+    path = Path(key)
+    if path.suffix.lower() == ".json" or path.exists():
+        return DeviceProfile.from_json(load_json(path, "device"), where=str(path))
+    known = ", ".join(BUILTIN_DEVICES)
+    raise UserError(f"unknown device {key!r} (builtin: {known}; or a profile .json)")
+
+
+def save_device(profile: DeviceProfile, path: str | os.PathLike) -> Path:
+    """Write ``profile`` atomically (temporary file + rename)."""
+    return atomic_write_json(path, profile.to_json())

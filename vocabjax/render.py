@@ -1,0 +1,92 @@
+"""Rendering of result rows as table, JSON, CSV or Markdown (the ``--format`` of every command)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+Format = Literal["table", "json", "csv", "markdown"]
+FORMATS: tuple[str, ...] = ("table", "json", "csv", "markdown")
+
+
+def human_size(n: int) -> str:
+    """8192 -> '8k', 65536 -> '64k', 262144 -> '256k', 1048576 -> '1m', 50257 -> '50257'."""
+    n = int(n)
+    for div, suffix in ((1024**2, "m"), (1024, "k")):
+        if n >= div and n % div == 0:
+            return f"{n // div}{suffix}"
+    return str(n)
+
+
+def fmt_value(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if value == 0:
+            return "0"
+        if abs(value) >= 1e5 or abs(value) < 1e-3:
+            return f"{value:.3e}"
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _columns(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None) -> list[str]:
+    if columns is not None:
+        return list(columns)
+    seen: dict[str, None] = {}
+    for row in rows:
+        seen.update(dict.fromkeys(row))
+    return list(seen)
+
+
+def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """A plain text table with right-aligned numbers."""
+    cols = _columns(rows, columns)
+    cells = [[fmt_value(r.get(c)) for c in cols] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(cols, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join(lines)
+
+
+def markdown(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
+    cols = _columns(rows, columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---:" for _ in cols) + "|"]
+    lines += ["| " + " | ".join(fmt_value(r.get(c)) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def csv_text(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
+    cols = _columns(rows, columns)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({c: row.get(c) for c in cols})
+    return buf.getvalue().rstrip("\n")
+
+
+def json_text(obj: Any) -> str:
+    return json.dumps(obj, indent=2, allow_nan=False)
+
+
+def rows(
+    rows_: Sequence[Mapping[str, Any]], fmt: str, columns: Sequence[str] | None = None
+) -> str:
+    """Render rows in a non-JSON format."""
+    if fmt == "table":
+        return table(rows_, columns)
+    if fmt == "markdown":
+        return markdown(rows_, columns)
+    if fmt == "csv":
+        return csv_text(rows_, columns)
+    raise ValueError(f"unknown format {fmt!r}")
