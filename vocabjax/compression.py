@@ -1,0 +1,127 @@
+"""Compression curves: bytes per token as a monotone function of the vocabulary size V.
+
+A curve is a few measured points interpolated linearly in log V, held flat outside them. The
+builtin default is the tokenizer sweep of Tao et al. 2024 on SlimPajama (sail-sg/scaling-with-
+vocab), in characters per token; on that mostly-English corpus a character is taken as one byte.
+``tokenizer measure`` writes a measured curve (``kind: compression``) that replaces it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import jax.numpy as jnp
+
+from vocabjax.errors import UserError
+from vocabjax.profiles import SCHEMA, load_json, positive_number, require
+from vocabjax.xp import interp
+
+
+@dataclasses.dataclass(frozen=True)
+class CompressionCurve:
+    """Bytes per token at measured vocabulary sizes."""
+
+    name: str  # label in tables ("default: Tao et al. 2024, SlimPajama", a corpus, a file)
+    vocab: tuple[int, ...]  # measured V, strictly increasing
+    bytes_per_token: tuple[float, ...]  # beta(V), non-decreasing in V
+    source: str = ""  # where the points come from
+
+    def __post_init__(self) -> None:
+        if len(self.vocab) != len(self.bytes_per_token) or not self.vocab:
+            raise UserError(f"compression curve {self.name!r}: needs matching, non-empty points")
+        if any(b <= a for a, b in zip(self.vocab, self.vocab[1:], strict=False)):
+            raise UserError(f"compression curve {self.name!r}: vocab sizes must increase")
+        for v, beta in zip(self.vocab, self.bytes_per_token, strict=True):
+            positive_number(beta, where=f"compression curve {self.name!r} at V={v}")
+        drops = [
+            (a, b)
+            for (a, x), (b, y) in zip(
+                zip(self.vocab, self.bytes_per_token, strict=True),
+                zip(self.vocab[1:], self.bytes_per_token[1:], strict=True),
+                strict=False,
+            )
+            if y < x
+        ]
+        if drops:
+            a, b = drops[0]
+            raise UserError(
+                f"compression curve {self.name!r}: bytes per token falls from V={a} to V={b}; "
+                "a larger vocabulary should not compress worse (check the measurement)"
+            )
+
+    @property
+    def log_vocab(self) -> tuple[float, ...]:
+        import math
+
+        return tuple(math.log(v) for v in self.vocab)
+
+    def covers(self, vocab: int) -> bool:
+        return self.vocab[0] <= vocab <= self.vocab[-1]
+
+    def beta(self, vocab, *, xp=jnp):
+        """Bytes per token at ``vocab`` (scalar; vmap to lift), linear in log V, flat outside."""
+        return interp(xp.log(vocab), self.log_vocab, self.bytes_per_token, xp=xp)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "kind": "compression",
+            "unit": "bytes_per_token",
+            "corpus": self.name,
+            "source": self.source,
+            "points": [
+                {"vocab": v, "bytes_per_token": b}
+                for v, b in zip(self.vocab, self.bytes_per_token, strict=True)
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], *, where: str) -> CompressionCurve:
+        require(data, ("points",), where=where)
+        unit = data.get("unit", "bytes_per_token")
+        if unit != "bytes_per_token":
+            raise UserError(f"{where}: unit {unit!r} is not bytes_per_token")
+        points = data["points"]
+        if not isinstance(points, list) or not points:
+            raise UserError(f"{where}: points must be a non-empty list")
+        rows = []
+        for i, p in enumerate(points):
+            if not isinstance(p, dict):
+                raise UserError(f"{where}: points[{i}] must be an object")
+            require(p, ("vocab", "bytes_per_token"), where=f"{where}: points[{i}]")
+            v = p["vocab"]
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise UserError(f"{where}: points[{i}].vocab must be a positive integer")
+            rows.append((v, positive_number(p["bytes_per_token"], where=f"{where}: points[{i}]")))
+        rows.sort()
+        return cls(
+            name=str(data.get("corpus", where)),
+            vocab=tuple(v for v, _ in rows),
+            bytes_per_token=tuple(b for _, b in rows),
+            source=str(data.get("source", where)),
+        )
+
+
+DEFAULT_CURVE = CompressionCurve(
+    name="default (Tao et al. 2024, SlimPajama)",
+    vocab=(8192, 16384, 32768, 64512, 128000, 256000, 512000, 1024000),
+    # characters per token from sail-sg/scaling-with-vocab's tokenizer sweep; 1 char ~ 1 byte
+    bytes_per_token=(3.39, 3.70, 3.94, 4.10, 4.20, 4.26, 4.32, 4.34),
+    source="Tao et al. 2024, 'Scaling Laws with Vocabulary', SlimPajama chars/token",
+)
+
+BUILTIN_CURVES = {"default": DEFAULT_CURVE}
+
+
+def load_compression(name_or_path: str | os.PathLike) -> CompressionCurve:
+    """``default`` or a compression profile JSON written by ``tokenizer measure``."""
+    key = str(name_or_path)
+    if key.lower() in BUILTIN_CURVES:
+        return BUILTIN_CURVES[key.lower()]
+    path = Path(key)
+    if path.suffix.lower() == ".json" or path.exists():
+        return CompressionCurve.from_json(load_json(path, "compression"), where=str(path))
+    raise UserError(f"unknown compression curve {key!r} (builtin: default; or a profile .json)")

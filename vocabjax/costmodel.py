@@ -1,0 +1,342 @@
+"""Per-op roofline cost of decode, prefill and the training step, for one point.
+
+Every op has FLOPs and bytes; its time is the roofline bound
+
+    t_math = flops / (P * e_c),   t_mem = bytes / (BW * e_m),   t = max(t_math, t_mem)
+
+with P, BW, e_c, e_m from the device profile. A step is the sum over its ops plus its kernel
+launches times the launch overhead. The functions take one (V, B, T) point and are written
+against an array namespace ``xp``: ``jax.numpy`` to be vmapped over a grid (lifecycle.py), or
+``PyMath`` to evaluate the very same formulas point by point on Python floats.
+
+Letters (DESIGN.md): V vocab, D d_model, L layers, F d_ff, H query heads, K kv heads, Dh head
+dim, B batch, T context tokens, beta(V) bytes per token, w bytes per weight, k bytes per KV
+element, N_nv non-embedding weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Literal, NamedTuple
+
+import jax.numpy as jnp
+
+from vocabjax.compression import DEFAULT_CURVE, CompressionCurve
+from vocabjax.errors import UserError
+from vocabjax.hardware import BYTES_PER_ELEMENT, DeviceProfile
+from vocabjax.shapes import ModelShape
+from vocabjax.trainprofile import TrainingProfile
+from vocabjax.xp import interp
+
+CostMode = Literal["full", "weights-only"]
+COST_MODES: tuple[str, ...] = ("full", "weights-only")
+LOGIT_BYTES = 4  # logits are written and read in f32
+ELEMENTWISE_FLOPS = 4  # scale, subtract max, exp, accumulate: per logit when sampling
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """How the model is served and trained; every field has a CLI flag of the same name."""
+
+    prompt_bytes: float = 4096.0  # S_in, bytes of prompt per sequence
+    output_bytes: float = 1024.0  # S_out, bytes generated per sequence
+    mode: CostMode = "full"  # "weights-only" drops attention and KV-cache terms
+    weight_dtype: str = "bf16"  # w: storage of weights (and the dtype of the matmul peak)
+    kv_dtype: str = "bf16"  # k: storage of the KV cache
+    act_dtype: str = "bf16"  # storage of activations between ops
+    fused_logits: bool = False  # unembedding + sampling fused: the B x V logits never hit memory
+    include_prefill: bool = False  # charge each sequence's prompt prefill to its output bytes
+    launches_per_layer: int = 8  # kernel launches per layer per step (norms, matmuls, attention)
+    train_seq_tokens: int = 2048  # training context length, tokens
+
+    def __post_init__(self) -> None:
+        if self.mode not in COST_MODES:
+            raise UserError(f"cost model {self.mode!r} must be one of {', '.join(COST_MODES)}")
+        for name in ("prompt_bytes", "output_bytes"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value)):
+                raise UserError(f"{name} must be a finite number, got {value!r}")
+        if self.prompt_bytes < 0:
+            raise UserError(f"prompt_bytes must be >= 0, got {self.prompt_bytes}")
+        if self.output_bytes <= 0:
+            raise UserError(f"output_bytes must be > 0, got {self.output_bytes}")
+        for name in ("weight_dtype", "kv_dtype", "act_dtype"):
+            if getattr(self, name) not in BYTES_PER_ELEMENT:
+                raise UserError(
+                    f"{name} {getattr(self, name)!r} is not one of {', '.join(BYTES_PER_ELEMENT)}"
+                )
+        if self.train_seq_tokens <= 0 or self.launches_per_layer < 0:
+            raise UserError("train_seq_tokens must be > 0 and launches_per_layer >= 0")
+
+    @property
+    def full(self) -> bool:
+        return self.mode == "full"
+
+
+class Op(NamedTuple):
+    """Work of one op: FLOPs and bytes moved to or from device memory."""
+
+    flops: object
+    bytes: object
+
+
+class OpTime(NamedTuple):
+    t_math: object  # seconds if compute-bound
+    t_mem: object  # seconds if memory-bound
+    t: object  # the roofline lower bound max(t_math, t_mem), or a measured time
+    measured: bool = False  # t comes from an autotuned kernel table
+
+    @property
+    def bound(self) -> str:
+        if self.measured:
+            return "measured"
+        return "compute" if self.t_math >= self.t_mem else "memory"
+
+
+def arithmetic_intensity(op: Op) -> float:
+    """FLOP per byte of an op (compare with ``DeviceProfile.ridge_point``)."""
+    return op.flops / op.bytes if op.bytes else math.inf
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasuredUnembed:
+    """Decode unembedding + argmax times from an autotuned profile, on a full (V, B) grid.
+
+    Interpolated linearly in (log V, log B, log t), continued along the end segments outside the
+    measured grid, and scaled by D / d_model for another model width (time is linear in D).
+    """
+
+    d_model: int
+    log_vocab: tuple[float, ...]
+    log_batch: tuple[float, ...]
+    log_time: tuple[tuple[float, ...], ...]  # [batch][vocab]
+
+    @classmethod
+    def from_profile(
+        cls, device: DeviceProfile, d_model: int, dtype: str
+    ) -> MeasuredUnembed | None:
+        rows = device.best_rows("greedy", dtype)
+        if not rows:
+            return None
+        d_meas = min({r.d_model for r in rows}, key=lambda d: (abs(math.log(d / d_model)), d))
+        rows = [r for r in rows if r.d_model == d_meas]
+        vocab = sorted({r.vocab for r in rows})
+        batch = sorted({r.batch for r in rows})
+        times = {(r.vocab, r.batch): r.time_s for r in rows}
+        if len(times) != len(vocab) * len(batch):
+            raise UserError(
+                f"device {device.name!r}: measured 'greedy' times at d_model={d_meas} do not form "
+                f"a full V x B grid ({len(times)} of {len(vocab) * len(batch)} points)"
+            )
+        return cls(
+            d_model=d_meas,
+            log_vocab=tuple(math.log(v) for v in vocab),
+            log_batch=tuple(math.log(b) for b in batch),
+            log_time=tuple(tuple(math.log(times[v, b]) for v in vocab) for b in batch),
+        )
+
+    def time(self, vocab, batch, d_model: int, *, xp):
+        lv, lb = xp.log(vocab), xp.log(batch)
+        per_b = [interp(lv, self.log_vocab, col, xp=xp, extrapolate=True) for col in self.log_time]
+        log_t = interp(lb, self.log_batch, _stack(per_b, xp), xp=xp, extrapolate=True)
+        return xp.exp(log_t) * (d_model / self.d_model)
+
+
+def _stack(values, xp):
+    return values if xp is not jnp else jnp.stack(values)
+
+
+class CostModel:
+    """The roofline of one model shape on one device, with one compression curve."""
+
+    def __init__(
+        self,
+        device: DeviceProfile,
+        shape: ModelShape,
+        settings: Settings | None = None,
+        compression: CompressionCurve = DEFAULT_CURVE,
+        training: TrainingProfile | None = None,
+    ) -> None:
+        self.device = device
+        self.shape = shape
+        self.settings = settings or Settings()
+        self.compression = compression
+        self.training = training if training is not None and training.tokens_per_s else None
+        s = self.settings
+        self.w = float(BYTES_PER_ELEMENT[s.weight_dtype])
+        self.k = float(BYTES_PER_ELEMENT[s.kv_dtype])
+        self.a = float(BYTES_PER_ELEMENT[s.act_dtype])
+        self.peak = device.flops(s.weight_dtype) * device.compute_efficiency
+        self.bandwidth = device.hbm_bandwidth * device.memory_efficiency
+        self.measured_unembed = MeasuredUnembed.from_profile(device, shape.d_model, s.weight_dtype)
+
+    # ---- per-op work -------------------------------------------------------------------------
+    @property
+    def _act_width(self) -> float:
+        """Activation elements read + written per token per layer by the layer's matmuls."""
+        m = self.shape
+        f_widths = (3 if m.glu else 2) * m.d_ff
+        return float(4 * m.d_model + 2 * (m.n_heads + m.n_kv_heads) * m.dh + f_widths)
+
+    def decode_ops(self, vocab, batch, context) -> dict[str, Op]:
+        """One decode step: ``batch`` sequences each attending over ``context`` cached tokens."""
+        m, s = self.shape, self.settings
+        n_nv, d, L = float(m.n_nonembedding), float(m.d_model), float(m.n_layers)
+        logits = 0.0 if s.fused_logits else batch * vocab * LOGIT_BYTES
+        ops = {
+            "embedding": Op(0.0 * batch, batch * d * self.w),
+            "backbone": Op(
+                2.0 * batch * n_nv, self.w * n_nv + batch * L * self._act_width * self.a
+            ),
+            "unembedding": Op(2.0 * batch * vocab * d, self.w * vocab * d + logits),
+            "sampling": Op(ELEMENTWISE_FLOPS * batch * vocab, logits),
+        }
+        if s.full:
+            ops["attention"] = Op(
+                4.0 * batch * context * float(m.n_heads * m.dh) * L,
+                batch * context * float(2 * m.n_kv_heads * m.dh) * self.k * L,
+            )
+        return ops
+
+    def prefill_ops(self, vocab, batch, prompt_tokens) -> dict[str, Op]:
+        """The prompt pass: all prompt tokens through the backbone, logits for the last only."""
+        m, s = self.shape, self.settings
+        n_nv, d, L = float(m.n_nonembedding), float(m.d_model), float(m.n_layers)
+        tokens = batch * prompt_tokens
+        ops = {
+            "embedding": Op(0.0 * tokens, tokens * d * self.w),
+            "backbone": Op(
+                2.0 * tokens * n_nv, self.w * n_nv + tokens * L * self._act_width * self.a
+            ),
+            "unembedding": Op(
+                2.0 * batch * vocab * d, self.w * vocab * d + batch * vocab * LOGIT_BYTES
+            ),
+        }
+        if s.full:
+            # causal attention over the prompt (flash-style: K/V written once, read from cache)
+            ops["attention"] = Op(
+                2.0 * batch * prompt_tokens * prompt_tokens * float(m.n_heads * m.dh) * L,
+                tokens * float(2 * m.n_kv_heads * m.dh) * self.k * L,
+            )
+        return ops
+
+    def op_time(self, op: Op, *, xp=jnp) -> OpTime:
+        t_math = op.flops / self.peak
+        t_mem = op.bytes / self.bandwidth
+        return OpTime(t_math, t_mem, xp.maximum(t_math, t_mem))
+
+    def _launches(self, n_head_ops: int) -> float:
+        return (self.shape.n_layers * self.settings.launches_per_layer + n_head_ops) * (
+            self.device.launch_overhead_s
+        )
+
+    def decode_times(self, vocab, batch, context, *, xp=jnp) -> dict[str, OpTime]:
+        """Per-op times of one decode step; the measured kernel table replaces the roofline of
+        unembedding + sampling when the device profile has one."""
+        times = {
+            name: self.op_time(op, xp=xp)
+            for name, op in self.decode_ops(vocab, batch, context).items()
+        }
+        if self.measured_unembed is not None:
+            t = self.measured_unembed.time(vocab, batch, self.shape.d_model, xp=xp)
+            u = times["unembedding"]
+            times["unembedding"] = OpTime(u.t_math, u.t_mem, t, measured=True)
+            times["sampling"] = OpTime(0.0 * t, 0.0 * t, 0.0 * t, measured=True)
+        return times
+
+    def decode_step(self, vocab, batch, context, *, xp=jnp):
+        """Seconds for one decode step (ops + launches)."""
+        times = self.decode_times(vocab, batch, context, xp=xp)
+        head_ops = 1 if self.measured_unembed is not None or self.settings.fused_logits else 3
+        return sum(t.t for t in times.values()) + self._launches(head_ops)
+
+    def prefill_time(self, vocab, batch, prompt_tokens, *, xp=jnp):
+        ops = self.prefill_ops(vocab, batch, prompt_tokens)
+        return sum(self.op_time(op, xp=xp).t for op in ops.values()) + self._launches(2)
+
+    # ---- per-byte costs ---------------------------------------------------------------------
+    def beta(self, vocab, *, xp=jnp):
+        """Bytes per token at ``vocab``."""
+        return self.compression.beta(vocab, xp=xp)
+
+    def mean_context(self, vocab, *, xp=jnp):
+        """Mean context over a generation: T runs from S_in/beta to (S_in + S_out)/beta, and a
+        step's time is linear in T, so the mean step is the step at the midpoint."""
+        s = self.settings
+        return (s.prompt_bytes + 0.5 * s.output_bytes) / self.beta(vocab, xp=xp)
+
+    def c_infer(self, vocab, batch, *, xp=jnp):
+        """Seconds per served byte at batch ``batch``: mean decode step / (B beta(V)), plus the
+        prompt prefill spread over the output bytes when ``include_prefill``."""
+        s = self.settings
+        beta = self.beta(vocab, xp=xp)
+        cost = self.decode_step(vocab, batch, self.mean_context(vocab, xp=xp), xp=xp) / (
+            batch * beta
+        )
+        if s.include_prefill and s.prompt_bytes > 0:
+            cost = cost + self.prefill_time(vocab, batch, s.prompt_bytes / beta, xp=xp) / (
+                batch * s.output_bytes
+            )
+        return cost
+
+    def train_flops_per_token(self, vocab):
+        """6 (N_nv + V D), plus 6 L T H Dh for attention in full mode (Kaplan et al. 2020)."""
+        m = self.shape
+        flops = 6.0 * (float(m.n_nonembedding) + vocab * float(m.d_model))
+        if self.settings.full:
+            flops = flops + 6.0 * float(
+                m.n_layers * self.settings.train_seq_tokens * m.n_heads * m.dh
+            )
+        return flops
+
+    def c_train(self, vocab, *, xp=jnp):
+        """Seconds per training byte: measured s/token when a training profile has it, else
+        the compute roofline of the training FLOPs; divided by beta(V)."""
+        if self.training is not None:
+            t_token = self.training.seconds_per_token(vocab, xp=xp)
+        else:
+            t_token = self.train_flops_per_token(vocab) / self.peak
+        return t_token / self.beta(vocab, xp=xp)
+
+    # ---- memory ------------------------------------------------------------------------------
+    def kv_bytes_per_seq(self, vocab, *, xp=jnp):
+        """((S_in + S_out) / beta) 2 L K Dh k."""
+        s = self.settings
+        tokens = (s.prompt_bytes + s.output_bytes) / self.beta(vocab, xp=xp)
+        return tokens * float(self.shape.kv_elements_per_token) * self.k
+
+    def weight_bytes(self, vocab):
+        """w (N_nv + 2 V D): backbone, embedding table and (untied) head."""
+        return self.w * (float(self.shape.n_nonembedding) + 2.0 * vocab * float(self.shape.d_model))
+
+    def b_max(self, vocab, *, xp=jnp):
+        """Largest batch whose KV cache fits beside the weights (0 if the weights do not fit)."""
+        free = self.device.memory_bytes - self.weight_bytes(vocab)
+        return xp.maximum(xp.floor(free / self.kv_bytes_per_seq(vocab, xp=xp)), 0.0)
+
+    # ---- reporting ---------------------------------------------------------------------------
+    def breakdown(self, vocab: int, batch: int) -> list[dict]:
+        """Per-op rows (t_math, t_mem, t, bound, arithmetic intensity) of the mean decode step,
+        evaluated in plain Python for display."""
+        from vocabjax.xp import PyMath
+
+        context = self.mean_context(float(vocab), xp=PyMath)
+        ops = self.decode_ops(float(vocab), float(batch), context)
+        times = self.decode_times(float(vocab), float(batch), context, xp=PyMath)
+        rows = []
+        for name, t in times.items():
+            op = ops[name]
+            rows.append(
+                {
+                    "op": name,
+                    "flops": op.flops,
+                    "bytes": op.bytes,
+                    "intensity": arithmetic_intensity(op),
+                    "t_math": t.t_math,
+                    "t_mem": t.t_mem,
+                    "t": t.t,
+                    "bound": t.bound,
+                }
+            )
+        return rows

@@ -1,0 +1,247 @@
+"""The lifecycle objective over whole (V, B, lambda) grids, in one jitted, vmapped call.
+
+    J(V; B, lambda) = c_train(V) + lambda * c_infer(V, B)        V* = argmin_V J
+
+c_train is seconds per training byte, c_infer seconds per served byte, lambda the bytes served
+over the bytes trained, so J is seconds per training byte over the model's life. The objective is
+written for one point and lifted with ``jax.vmap``; the V axis is sharded over ``jax.devices()``
+when there are several (results are identical to one device: every point is computed the same
+way and the argmin is exact).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from vocabjax.costmodel import CostModel
+from vocabjax.errors import UserError
+from vocabjax.trainprofile import TrainingProfile
+
+DEFAULT_VOCAB: tuple[int, ...] = (8192, 16384, 32768, 65536, 131072, 262144, 524288)
+DEFAULT_BATCH: tuple[int, ...] = (1, 4, 16, 64, 256)
+DEFAULT_LAM: tuple[float, ...] = (0.0, 1.0, 10.0, 100.0, 1000.0)
+KV_REFERENCE_VOCAB = 32768  # "by how much a larger V raises the batch that fits": against 32k
+BYTES_PER_POINT = 16  # f32 objective plus temporaries, per (V, B, lambda) point
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+    """The swept values; every entry positive (lambda >= 0), no duplicates."""
+
+    vocab: tuple[int, ...] = DEFAULT_VOCAB
+    batch: tuple[int, ...] = DEFAULT_BATCH
+    lam: tuple[float, ...] = DEFAULT_LAM
+
+    def __post_init__(self) -> None:
+        for name, values in (("vocab", self.vocab), ("batch", self.batch), ("lam", self.lam)):
+            if not values:
+                raise UserError(f"{name} grid is empty")
+            for v in values:
+                if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v):
+                    raise UserError(f"{name} {v!r} must be a finite number")
+        if min(self.vocab) <= 0:
+            raise UserError(f"vocab sizes must be positive, got {min(self.vocab)}")
+        if min(self.batch) <= 0:
+            raise UserError(f"batch sizes must be positive, got {min(self.batch)}")
+        if min(self.lam) < 0:
+            raise UserError(f"lambda must be >= 0, got {min(self.lam)}")
+        object.__setattr__(self, "vocab", tuple(sorted(set(int(v) for v in self.vocab))))
+        object.__setattr__(self, "batch", tuple(sorted(set(int(b) for b in self.batch))))
+        object.__setattr__(self, "lam", tuple(sorted(set(float(x) for x in self.lam))))
+
+    @property
+    def points(self) -> int:
+        return len(self.vocab) * len(self.batch) * len(self.lam)
+
+
+@dataclasses.dataclass(frozen=True)
+class Quality:
+    """Keep only V whose held-out BPB is within ``tolerance`` (relative) of the best measured."""
+
+    profile: TrainingProfile  # must carry bpb
+    tolerance: float = 0.02  # 0.02: at most 2% worse BPB than the best V of the profile
+
+    def __post_init__(self) -> None:
+        if self.profile.bpb is None:
+            raise UserError(
+                f"training profile {self.profile.name!r} has no bpb for a quality bound"
+            )
+        if not (math.isfinite(self.tolerance) and self.tolerance >= 0):
+            raise UserError(f"bpb tolerance must be >= 0, got {self.tolerance}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepResult:
+    """Host-side arrays of one sweep; indices refer to ``grid``."""
+
+    grid: Grid
+    c_train: np.ndarray  # [V] s / training byte
+    c_infer: np.ndarray  # [V, B] s / served byte (inf where nothing fits)
+    batch_eff: np.ndarray  # [V, B] batch actually run (capped at b_max when asked)
+    b_max: np.ndarray  # [V] largest batch whose KV cache fits
+    kv_bytes_per_seq: np.ndarray  # [V]
+    allowed: np.ndarray  # [V] bool, passes the quality bound
+    unembed_compute_bound: np.ndarray  # [V, B] bool
+    v_star: np.ndarray  # [B, lam] index into vocab, -1 if no V is allowed
+    j_star: np.ndarray  # [B, lam] J at V*
+    v_infer: np.ndarray  # [B] index of argmin_V c_infer (lambda -> infinity)
+    v_train: int  # index of argmin_V c_train (lambda = 0)
+    break_even: np.ndarray  # [V, B] lambda at which V beats v_train (inf: never)
+
+    def vocab_at(self, index: int) -> int | None:
+        return None if index < 0 else self.grid.vocab[int(index)]
+
+
+def _memory_budget() -> float:
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        total = 16 * 1024**3
+    return 0.5 * total
+
+
+def check_grid_fits(grid: Grid, *, budget_bytes: float | None = None) -> None:
+    budget = _memory_budget() if budget_bytes is None else budget_bytes
+    need = grid.points * BYTES_PER_POINT
+    if need > budget:
+        raise UserError(
+            f"a grid of {grid.points:,} points needs about {need / 1024**3:.1f} GiB, over the "
+            f"{budget / 1024**3:.1f} GiB this machine allows; use fewer vocab, batch or lambda values"
+        )
+
+
+def _pad(values: Sequence[float], multiple: int) -> tuple[np.ndarray, int]:
+    arr = np.asarray(values, np.float32)
+    pad = (-len(arr)) % multiple
+    return np.concatenate([arr, np.full(pad, arr[-1], np.float32)]), pad
+
+
+def _objective_fn(model: CostModel, *, cap_batch: bool, quality: Quality | None):
+    """The jitted whole-grid function (closing over the static model)."""
+
+    def infer_point(v, b):
+        """c_infer at one (V, B), the batch actually run, and the unembedding's bound."""
+        b_max = model.b_max(v)
+        b_run = jnp.minimum(b, b_max) if cap_batch else b
+        fits = b_run >= 1.0
+        b_safe = jnp.maximum(b_run, 1.0)
+        cost = jnp.where(fits, model.c_infer(v, b_safe), jnp.inf)
+        u = model.decode_times(v, b_safe, model.mean_context(v))["unembedding"]
+        return cost, b_run, u.t_math >= u.t_mem
+
+    def objective(c_train, c_infer, lam):
+        """J at one (V, B, lambda); lambda = 0 is training alone, whatever serving costs."""
+        return jnp.where(lam > 0, c_train + lam * c_infer, c_train)
+
+    over_b = jax.vmap(infer_point, in_axes=(None, 0))
+    over_vb = jax.vmap(over_b, in_axes=(0, None))
+    j_over_lam = jax.vmap(objective, in_axes=(None, None, 0))
+    j_over_blam = jax.vmap(j_over_lam, in_axes=(None, 0, None))
+    j_grid = jax.vmap(j_over_blam, in_axes=(0, 0, None))
+
+    def run(v, valid, b, lam):
+        c_train = jax.vmap(model.c_train)(v)
+        c_infer, b_run, compute_bound = over_vb(v, b)
+        allowed = valid
+        if quality is not None:
+            prof = quality.profile
+            covered = (v >= prof.vocab[0]) & (v <= prof.vocab[-1])
+            bpb = jax.vmap(prof.bpb_at)(v)
+            best = jnp.min(jnp.where(valid & covered, bpb, jnp.inf))
+            allowed = valid & covered & (bpb <= best * (1.0 + quality.tolerance))
+        j = j_grid(c_train, c_infer, lam)  # [V, B, lam]
+        j = jnp.where(allowed[:, None, None], j, jnp.inf)
+        v_star = jnp.argmin(j, axis=0)
+        j_star = jnp.min(j, axis=0)
+        v_star = jnp.where(jnp.isfinite(j_star), v_star, -1)
+        ci_masked = jnp.where(allowed[:, None], c_infer, jnp.inf)
+        v_infer = jnp.argmin(ci_masked, axis=0)
+        v_infer = jnp.where(jnp.isfinite(jnp.min(ci_masked, axis=0)), v_infer, -1)
+        ct_masked = jnp.where(allowed, c_train, jnp.inf)
+        v_train = jnp.argmin(ct_masked)
+        d_train = c_train - c_train[v_train]
+        d_infer = c_infer[v_train][None, :] - c_infer
+        be = jnp.where(
+            d_train[:, None] <= 0,
+            0.0,
+            jnp.where(
+                d_infer > 0, d_train[:, None] / jnp.where(d_infer > 0, d_infer, 1.0), jnp.inf
+            ),
+        )
+        be = jnp.where(allowed[:, None], be, jnp.inf)
+        b_max = jax.vmap(model.b_max)(v)
+        kv = jax.vmap(model.kv_bytes_per_seq)(v)
+        return dict(
+            c_train=c_train,
+            c_infer=c_infer,
+            batch_eff=b_run,
+            b_max=b_max,
+            kv=kv,
+            allowed=allowed,
+            compute_bound=compute_bound,
+            v_star=v_star,
+            j_star=j_star,
+            v_infer=v_infer,
+            v_train=v_train,
+            break_even=be,
+        )
+
+    return run
+
+
+def sweep(
+    model: CostModel,
+    grid: Grid = Grid(),
+    *,
+    cap_batch: bool = False,
+    quality: Quality | None = None,
+    devices: Sequence[jax.Device] | None = None,
+) -> SweepResult:
+    """V*, break-even lambda and the KV plan over ``grid`` in one jitted call."""
+    check_grid_fits(grid)
+    devices = list(devices if devices is not None else jax.devices())
+    n = len(devices)
+    v_pad, pad = _pad(grid.vocab, n)
+    valid = np.ones(len(v_pad), bool)
+    if pad:
+        valid[-pad:] = False
+    b = np.asarray(grid.batch, np.float32)
+    lam = np.asarray(grid.lam, np.float32)
+    fn = jax.jit(_objective_fn(model, cap_batch=cap_batch, quality=quality))
+    if n > 1:
+        mesh = Mesh(np.asarray(devices), ("v",))
+        shard = NamedSharding(mesh, PartitionSpec("v"))
+        repl = NamedSharding(mesh, PartitionSpec())
+        args = (
+            jax.device_put(v_pad, shard),
+            jax.device_put(valid, shard),
+            jax.device_put(b, repl),
+            jax.device_put(lam, repl),
+        )
+    else:
+        args = tuple(jax.device_put(x, devices[0]) for x in (v_pad, valid, b, lam))
+    out = jax.device_get(fn(*args))
+    nv = len(grid.vocab)
+    return SweepResult(
+        grid=grid,
+        c_train=np.asarray(out["c_train"][:nv], np.float64),
+        c_infer=np.asarray(out["c_infer"][:nv], np.float64),
+        batch_eff=np.asarray(out["batch_eff"][:nv]),
+        b_max=np.asarray(out["b_max"][:nv]),
+        kv_bytes_per_seq=np.asarray(out["kv"][:nv], np.float64),
+        allowed=np.asarray(out["allowed"][:nv]),
+        unembed_compute_bound=np.asarray(out["compute_bound"][:nv]),
+        v_star=np.asarray(out["v_star"]),
+        j_star=np.asarray(out["j_star"], np.float64),
+        v_infer=np.asarray(out["v_infer"]),
+        v_train=int(out["v_train"]),
+        break_even=np.asarray(out["break_even"][:nv], np.float64),
+    )
