@@ -114,7 +114,7 @@ def check_grid_fits(grid: Grid, *, budget_bytes: float | None = None) -> None:
     if need > budget:
         raise UserError(
             f"a grid of {grid.points:,} points needs about {need / 1024**3:.1f} GiB, over the "
-            f"{budget / 1024**3:.1f} GiB this machine allows; use fewer vocab, batch or lambda values"
+            f"{budget / 1024**3:.1f} GiB this machine allows; use fewer vocab, batch or lambda"
         )
 
 
@@ -245,3 +245,60 @@ def sweep(
         v_train=int(out["v_train"]),
         break_even=np.asarray(out["break_even"][:nv], np.float64),
     )
+
+
+def _finite_or_none(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
+
+
+def sweep_rows(model: CostModel, result: SweepResult) -> list[dict]:
+    """One row per (B, lambda): the JSON/CSV ``table`` of ``sweep``."""
+    g = result.grid
+    rows = []
+    for bi, b in enumerate(g.batch):
+        vi_inf = int(result.v_infer[bi])
+        for li, lam in enumerate(g.lam):
+            vi = int(result.v_star[bi, li])
+            ok = vi >= 0
+            rows.append(
+                {
+                    "device": model.device.name,
+                    "model": model.shape.name,
+                    "batch": b,
+                    "lam": lam,
+                    "v_star": result.vocab_at(vi),
+                    "cost_per_byte": _finite_or_none(result.j_star[bi, li]),
+                    "train_cost_per_byte": float(result.c_train[vi]) if ok else None,
+                    "infer_cost_per_byte": _finite_or_none(result.c_infer[vi, bi]) if ok else None,
+                    "batch_run": float(result.batch_eff[vi, bi]) if ok else None,
+                    "b_max": int(result.b_max[vi]) if ok else None,
+                    "unembed_bound": (
+                        None
+                        if not ok
+                        else "measured"
+                        if model.measured_unembed is not None
+                        else "compute"
+                        if result.unembed_compute_bound[vi, bi]
+                        else "memory"
+                    ),
+                    "v_infer_only": result.vocab_at(vi_inf),
+                }
+            )
+    return rows
+
+
+def break_even_rows(model: CostModel, result: SweepResult) -> list[dict]:
+    """lambda at which each V beats the training-optimal V, per batch ("never": None)."""
+    g = result.grid
+    return [
+        {
+            "device": model.device.name,
+            "model": model.shape.name,
+            "vocab": v,
+            "batch": b,
+            "train_optimal_vocab": g.vocab[result.v_train],
+            "break_even_lam": _finite_or_none(result.break_even[vi, bi]),
+        }
+        for vi, v in enumerate(g.vocab)
+        for bi, b in enumerate(g.batch)
+    ]

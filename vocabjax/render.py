@@ -79,9 +79,7 @@ def json_text(obj: Any) -> str:
     return json.dumps(obj, indent=2, allow_nan=False)
 
 
-def rows(
-    rows_: Sequence[Mapping[str, Any]], fmt: str, columns: Sequence[str] | None = None
-) -> str:
+def rows(rows_: Sequence[Mapping[str, Any]], fmt: str, columns: Sequence[str] | None = None) -> str:
     """Render rows in a non-JSON format."""
     if fmt == "table":
         return table(rows_, columns)
@@ -90,3 +88,25 @@ def rows(
     if fmt == "csv":
         return csv_text(rows_, columns)
     raise ValueError(f"unknown format {fmt!r}")
+
+
+def pivot(
+    rows_: Sequence[Mapping[str, Any]],
+    *,
+    index: str,
+    columns: str,
+    value: str,
+    index_label: str | None = None,
+    column_label=lambda c: str(c),
+    cell=lambda v: v,
+) -> list[dict[str, Any]]:
+    """Reshape long rows into one row per ``index`` value, one column per ``columns`` value."""
+    col_values = list(dict.fromkeys(r[columns] for r in rows_))
+    out: dict[Any, dict[str, Any]] = {}
+    for r in rows_:
+        row = out.setdefault(r[index], {index_label or index: r[index]})
+        row[column_label(r[columns])] = cell(r[value])
+    for row in out.values():
+        for c in col_values:
+            row.setdefault(column_label(c), None)
+    return list(out.values())

@@ -1,0 +1,353 @@
+"""Deployment plans: a mixed workload's best single V, its best set of nested heads, the route
+of each batch size to a head, break-even lambda and the KV-cache plan, written as ``policy.json``
+for the serving engine.
+
+A workload is traffic classes, each a share of the served bytes at one batch size. With a set S
+of nested heads (every smaller vocabulary a prefix of the largest, one backbone), the training
+bytes are split across the levels in the proportion of the served bytes each level serves, so
+
+    J(S) = sum_c share_c * min_{h in S} [c_train(h) + lambda * c_infer(h, B_c)]
+
+and each class goes to the head that attains its minimum. A head that serves nothing costs
+nothing and is never chosen (ties keep fewer heads). The whole search (every subset of the
+vocabulary grid up to ``max_heads``) is one jitted call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vocabjax.costmodel import CostModel
+from vocabjax.errors import UserError
+from vocabjax.lifecycle import KV_REFERENCE_VOCAB, Quality
+from vocabjax.profiles import SCHEMA
+from vocabjax.units import parse_size
+
+MAX_SUBSETS = 200_000
+ROUTE_BATCHES: tuple[int, ...] = tuple(2**i for i in range(11))  # 1 .. 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class TrafficClass:
+    """One slice of the served traffic."""
+
+    name: str  # label ("edge", "dc")
+    batch: int  # serving batch B of this traffic
+    share: float  # fraction of the served bytes, shares sum to 1
+    prompt_bytes: float | None = None  # S_in for this class (None: the model's setting)
+    output_bytes: float | None = None  # S_out for this class (None: the model's setting)
+
+
+_KEYS = {
+    "b": "batch",
+    "batch": "batch",
+    "share": "share",
+    "in": "prompt_bytes",
+    "out": "output_bytes",
+}
+
+
+def parse_workload(text: str) -> tuple[TrafficClass, ...]:
+    """``"edge:b=1:share=0.5,dc:b=256:share=0.5"`` (optional ``in=`` / ``out=`` bytes)."""
+    classes = []
+    for part in [p.strip() for p in str(text).split(",") if p.strip()]:
+        name, *fields = part.split(":")
+        if not name or not re.fullmatch(r"[\w.-]+", name):
+            raise UserError(f"workload class {part!r} needs a name first, as in edge:b=1:share=0.5")
+        values: dict[str, Any] = {}
+        for field in fields:
+            key, sep, value = field.partition("=")
+            if not sep or key.strip() not in _KEYS:
+                raise UserError(
+                    f"workload class {name!r}: {field!r} is not b=N, share=X, in=BYTES or out=BYTES"
+                )
+            attr = _KEYS[key.strip()]
+            if attr == "batch":
+                values[attr] = parse_size(value, what=f"workload {name!r} batch")
+            else:
+                try:
+                    number = float(value)
+                except ValueError:
+                    raise UserError(
+                        f"workload class {name!r}: {key}={value!r} is not a number"
+                    ) from None
+                if not math.isfinite(number) or number < 0 or (attr != "share" and number == 0):
+                    raise UserError(f"workload class {name!r}: {key}={value!r} is out of range")
+                values[attr] = number
+        if "batch" not in values or "share" not in values:
+            raise UserError(f"workload class {name!r} needs both b= and share=")
+        classes.append(TrafficClass(name=name, **values))
+    if not classes:
+        raise UserError("workload is empty; example: edge:b=1:share=0.5,dc:b=256:share=0.5")
+    if len({c.name for c in classes}) != len(classes):
+        raise UserError("workload class names must be unique")
+    total = sum(c.share for c in classes)
+    if abs(total - 1.0) > 1e-6:
+        raise UserError(f"workload shares sum to {total:g}; they must sum to 1")
+    return tuple(classes)
+
+
+def subset_masks(n_vocab: int, max_heads: int) -> np.ndarray:
+    """Every set of 1..max_heads vocabulary indices as a [S, V] bool mask, fewer heads first."""
+    if max_heads < 1:
+        raise UserError(f"max_heads must be >= 1, got {max_heads}")
+    k_max = min(max_heads, n_vocab)
+    count = sum(math.comb(n_vocab, k) for k in range(1, k_max + 1))
+    if count > MAX_SUBSETS:
+        raise UserError(
+            f"{count:,} head sets of up to {k_max} heads from {n_vocab} vocabularies; "
+            f"the limit is {MAX_SUBSETS:,} (use fewer --vocab values or --max-heads)"
+        )
+    masks = np.zeros((count, n_vocab), bool)
+    row = 0
+    for k in range(1, k_max + 1):
+        for combo in itertools.combinations(range(n_vocab), k):
+            masks[row, list(combo)] = True
+            row += 1
+    return masks
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    vocab: tuple[int, ...]
+    classes: tuple[TrafficClass, ...]
+    lam: float
+    c_train: np.ndarray  # [V]
+    c_infer: np.ndarray  # [V, C]
+    c_mix: np.ndarray  # [V] share-weighted c_infer
+    single: int  # index of the best single V
+    single_cost: float
+    heads: tuple[int, ...]  # indices of the best head set
+    heads_cost: float
+    routes: tuple[int, ...]  # [C] index of the head each class goes to
+    by_heads: tuple[tuple[tuple[int, ...], float], ...]  # best set and J for 1..max heads
+    route_batches: tuple[int, ...]
+    batch_routes: tuple[int, ...]  # head index for each of route_batches
+    break_even: np.ndarray  # [V] vs the training optimum on the mixed workload
+    v_train: int
+    b_max: np.ndarray  # [V, C] per class settings
+    kv_bytes_per_seq: np.ndarray  # [V, C]
+    allowed: np.ndarray  # [V]
+
+
+def _class_model(model: CostModel, c: TrafficClass) -> CostModel:
+    s = dataclasses.replace(
+        model.settings,
+        prompt_bytes=model.settings.prompt_bytes if c.prompt_bytes is None else c.prompt_bytes,
+        output_bytes=model.settings.output_bytes if c.output_bytes is None else c.output_bytes,
+    )
+    return CostModel(model.device, model.shape, s, model.compression, model.training)
+
+
+def make_plan(
+    model: CostModel,
+    vocab: Sequence[int],
+    classes: Sequence[TrafficClass],
+    lam: float,
+    *,
+    max_heads: int = 3,
+    cap_batch: bool = False,
+    quality: Quality | None = None,
+) -> Plan:
+    """The best single V and nested head set for a mixed workload at one lambda."""
+    vocab = tuple(sorted(set(int(v) for v in vocab)))
+    if not vocab or min(vocab) <= 0:
+        raise UserError("vocab sizes must be positive")
+    if not (math.isfinite(lam) and lam >= 0):
+        raise UserError(f"lambda must be a finite number >= 0, got {lam}")
+    classes = tuple(classes)
+    masks = subset_masks(len(vocab), max_heads)
+    models = [_class_model(model, c) for c in classes]
+    batches = np.asarray([c.batch for c in classes], np.float32)
+    shares = np.asarray([c.share for c in classes], np.float32)
+
+    def infer_point(m: CostModel, v, b):
+        b_max = m.b_max(v)
+        b_run = jnp.minimum(b, b_max) if cap_batch else b
+        return jnp.where(b_run >= 1.0, m.c_infer(v, jnp.maximum(b_run, 1.0)), jnp.inf)
+
+    def run(v, masks_sv, route_b):
+        c_train = jax.vmap(model.c_train)(v)
+        # one column per class: the classes' models differ only in static settings
+        c_inf = jnp.stack(
+            [
+                jax.vmap(infer_point, (None, 0, None))(m, v, b)
+                for m, b in zip(models, batches, strict=True)
+            ],
+            axis=1,
+        )
+        b_max = jnp.stack([jax.vmap(m.b_max)(v) for m in models], axis=1)
+        kv = jnp.stack([jax.vmap(m.kv_bytes_per_seq)(v) for m in models], axis=1)
+        allowed = jnp.ones(v.shape, bool)
+        if quality is not None:
+            prof = quality.profile
+            covered = (v >= prof.vocab[0]) & (v <= prof.vocab[-1])
+            bpb = jax.vmap(prof.bpb_at)(v)
+            best = jnp.min(jnp.where(covered, bpb, jnp.inf))
+            allowed = covered & (bpb <= best * (1.0 + quality.tolerance))
+        c_mix = jnp.sum(c_inf * shares[None, :], axis=1)
+        j_single = jnp.where(allowed, c_train + lam * c_mix if lam > 0 else c_train, jnp.inf)
+        # J of each head for each class, then of each head set: its classes' best heads
+        j_hc = c_train[:, None] + (lam * c_inf if lam > 0 else 0.0)  # [V, C]
+        j_hc = jnp.where(allowed[:, None], j_hc, jnp.inf)
+        in_set = jnp.where(masks_sv[:, :, None], j_hc[None, :, :], jnp.inf)  # [S, V, C]
+        route_sc = jnp.argmin(in_set, axis=1)
+        j_set = jnp.sum(jnp.min(in_set, axis=1) * shares[None, :], axis=1)
+        used = jnp.any(jax.nn.one_hot(route_sc, v.shape[0], dtype=bool), axis=1)  # [S, V]
+        n_heads = jnp.sum(masks_sv, axis=1)
+        # a set with a head that serves nothing is the smaller set plus dead weight
+        j_set = jnp.where(jnp.all(used == masks_sv, axis=1), j_set, jnp.inf)
+        # per-batch routing over a batch ladder with the base settings, same criterion
+        c_route = jax.vmap(jax.vmap(infer_point, (None, None, 0)), (None, 0, None))(
+            model, v, route_b
+        )
+        j_route = c_train[:, None] + (lam * c_route if lam > 0 else 0.0)
+        ct_masked = jnp.where(allowed, c_train, jnp.inf)
+        v_train = jnp.argmin(ct_masked)
+        d_train = c_train - c_train[v_train]
+        d_infer = c_mix[v_train] - c_mix
+        be = jnp.where(
+            d_train <= 0,
+            0.0,
+            jnp.where(d_infer > 0, d_train / jnp.where(d_infer > 0, d_infer, 1.0), jnp.inf),
+        )
+        return dict(
+            c_train=c_train,
+            c_inf=c_inf,
+            c_mix=c_mix,
+            j_single=j_single,
+            j_set=j_set,
+            n_heads=n_heads,
+            route_sc=route_sc,
+            j_route=j_route,
+            v_train=v_train,
+            be=jnp.where(allowed, be, jnp.inf),
+            b_max=b_max,
+            kv=kv,
+            allowed=allowed,
+        )
+
+    out = jax.device_get(
+        jax.jit(run)(
+            jnp.asarray(vocab, jnp.float32),
+            jnp.asarray(masks),
+            jnp.asarray(ROUTE_BATCHES, jnp.float32),
+        )
+    )
+    j_single, j_set = np.asarray(out["j_single"], np.float64), np.asarray(out["j_set"], np.float64)
+    if not np.isfinite(j_single).any():
+        raise UserError("no vocabulary size is allowed (quality bound) or fits on the device")
+    single = int(np.argmin(j_single))
+    best = int(np.argmin(j_set))  # masks are ordered by size, so ties keep fewer heads
+    heads = tuple(int(i) for i in np.flatnonzero(masks[best]))
+    by_heads = []
+    n_heads = np.asarray(out["n_heads"])
+    for k in range(1, int(n_heads.max()) + 1):
+        sel = np.flatnonzero((n_heads == k) & np.isfinite(j_set))
+        if not len(sel):
+            break  # no set of k heads has every head serving traffic
+        i = int(sel[np.argmin(j_set[sel])])
+        by_heads.append((tuple(int(x) for x in np.flatnonzero(masks[i])), float(j_set[i])))
+    j_route = np.asarray(out["j_route"])  # [V, route batches]
+    head_idx = np.asarray(heads)
+    batch_routes = tuple(int(head_idx[i]) for i in np.argmin(j_route[head_idx], axis=0))
+    return Plan(
+        vocab=vocab,
+        classes=classes,
+        lam=float(lam),
+        c_train=np.asarray(out["c_train"], np.float64),
+        c_infer=np.asarray(out["c_inf"], np.float64),
+        c_mix=np.asarray(out["c_mix"], np.float64),
+        single=single,
+        single_cost=float(j_single[single]),
+        heads=heads,
+        heads_cost=float(j_set[best]),
+        routes=tuple(int(r) for r in np.asarray(out["route_sc"])[best]),
+        by_heads=tuple(by_heads),
+        route_batches=ROUTE_BATCHES,
+        batch_routes=batch_routes,
+        break_even=np.asarray(out["be"], np.float64),
+        v_train=int(out["v_train"]),
+        b_max=np.asarray(out["b_max"]),
+        kv_bytes_per_seq=np.asarray(out["kv"], np.float64),
+        allowed=np.asarray(out["allowed"]),
+    )
+
+
+def _lam_json(x: float) -> float | str:
+    return "never" if not math.isfinite(x) else float(x)
+
+
+def kv_plan_rows(vocab: Sequence[int], b_max: np.ndarray, kv_bytes: np.ndarray) -> list[dict]:
+    """Per V: the largest batch that fits and its gain over 32k (or the smallest V)."""
+    ref = vocab.index(KV_REFERENCE_VOCAB) if KV_REFERENCE_VOCAB in vocab else 0
+    rows = []
+    for i, v in enumerate(vocab):
+        gain = float(b_max[i] / b_max[ref]) if b_max[ref] > 0 else None
+        rows.append(
+            {
+                "vocab": v,
+                "b_max": int(b_max[i]),
+                "kv_bytes_per_seq": float(kv_bytes[i]),
+                f"gain_vs_{vocab[ref]}": gain,
+            }
+        )
+    return rows
+
+
+def policy_json(plan: Plan, model: CostModel, *, max_heads: int) -> dict[str, Any]:
+    """The policy the serving engine reads (``kind: policy``)."""
+    v = plan.vocab
+    merged: list[dict] = []
+    for b, h in zip(plan.route_batches, plan.batch_routes, strict=True):
+        if merged and merged[-1]["head"] == v[h]:
+            merged[-1]["max_batch"] = b
+        else:
+            merged.append({"max_batch": b, "head": v[h]})
+    merged[-1]["max_batch"] = None  # the last head takes every larger batch too
+    return {
+        "schema": SCHEMA,
+        "kind": "policy",
+        "device": model.device.name,
+        "model": model.shape.name,
+        "compression": model.compression.name,
+        "cost_model": model.settings.mode,
+        "lam": plan.lam,
+        "max_heads": max_heads,
+        "single": {"vocab": v[plan.single], "cost_per_byte": plan.single_cost},
+        "heads": [v[i] for i in plan.heads],
+        "cost_per_byte": plan.heads_cost,
+        "saving_vs_single": 1.0 - plan.heads_cost / plan.single_cost,
+        "routes": [
+            {
+                "name": c.name,
+                "batch": c.batch,
+                "share": c.share,
+                "head": v[plan.routes[j]],
+                "infer_cost_per_byte": float(plan.c_infer[plan.routes[j], j]),
+                "b_max": int(plan.b_max[plan.routes[j], j]),
+                "fits": bool(c.batch <= plan.b_max[plan.routes[j], j]),
+            }
+            for j, c in enumerate(plan.classes)
+        ],
+        "batch_routes": merged,
+        "by_heads": [
+            {"n_heads": len(s), "heads": [v[i] for i in s], "cost_per_byte": j}
+            for s, j in plan.by_heads
+        ],
+        "train_optimal_vocab": v[plan.v_train],
+        "break_even": [
+            {"vocab": x, "lam": _lam_json(plan.break_even[i]), "allowed": bool(plan.allowed[i])}
+            for i, x in enumerate(v)
+        ],
+        "kv_plan": kv_plan_rows(v, plan.b_max[:, 0], plan.kv_bytes_per_seq[:, 0]),
+    }
