@@ -134,7 +134,7 @@ def _cost_options(f):
             multiple=True,
             default=[DEFAULT_DEVICE],
             show_default=True,
-            help=f"Builtin device ({', '.join(BUILTIN_DEVICES)}) or an autotune profile .json; repeatable.",
+            help=f"Builtin device ({', '.join(BUILTIN_DEVICES)}) or an autotune .json; repeatable.",
         ),
         click.option(
             "--model",
@@ -199,7 +199,7 @@ def _cost_options(f):
         click.option(
             "--fused-logits",
             is_flag=True,
-            help="Assume a fused unembedding + sampling kernel: the B x V logits never reach memory.",
+            help="Assume fused unembedding + sampling: the B x V logits never reach memory.",
         ),
         click.option(
             "--include-prefill",
@@ -322,7 +322,8 @@ def sweep(devices, models, vocab, batch, lam, plot, show_break_even, fmt, **kw):
             v = infer[row["B"]]
             row["infer-only"] = "-" if v is None else render.human_size(v)
         emit(
-            f"V* on {cm.device.name} (ridge {cm.device.ridge_point(cm.settings.weight_dtype):.0f} FLOP/B), "
+            f"V* on {cm.device.name} "
+            f"(ridge {cm.device.ridge_point(cm.settings.weight_dtype):.0f} FLOP/B), "
             f"{cm.shape.name}, {cm.settings.mode} cost model, compression: {curve.name}"
         )
         emit(render.rows(table, fmt))

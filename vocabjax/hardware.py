@@ -69,7 +69,9 @@ class KernelTiming:
             blocks={str(k): int(v) for k, v in blocks.items()},
             time_s=positive_number(row["time_s"], where=f"{where}.time_s"),
             roofline_fraction=positive_number(
-                row.get("roofline_fraction", 0.0), where=f"{where}.roofline_fraction", allow_zero=True
+                row.get("roofline_fraction", 0.0),
+                where=f"{where}.roofline_fraction",
+                allow_zero=True,
             ),
             **ints,
         )
@@ -154,7 +156,11 @@ class DeviceProfile:
         ceilings = data["ceilings"]
         if not isinstance(ceilings, Mapping):
             raise UserError(f"{where}: ceilings must be an object")
-        require(ceilings, ("hbm_bandwidth", "peak_flops", "launch_overhead_s"), where=f"{where}: ceilings")
+        require(
+            ceilings,
+            ("hbm_bandwidth", "peak_flops", "launch_overhead_s"),
+            where=f"{where}: ceilings",
+        )
         peak = ceilings["peak_flops"]
         if not isinstance(peak, Mapping):  # a single number: the profile's one dtype
             peak = {str(data.get("dtype", "bf16")): peak}
@@ -176,7 +182,9 @@ class DeviceProfile:
         return cls(
             name=str(data["name"]),
             peak_flops=peak,
-            hbm_bandwidth=positive_number(ceilings["hbm_bandwidth"], where=f"{where}: hbm_bandwidth"),
+            hbm_bandwidth=positive_number(
+                ceilings["hbm_bandwidth"], where=f"{where}: hbm_bandwidth"
+            ),
             memory_bytes=positive_number(data["memory_bytes"], where=f"{where}: memory_bytes"),
             launch_overhead_s=positive_number(
                 ceilings["launch_overhead_s"], where=f"{where}: launch_overhead_s", allow_zero=True

@@ -112,7 +112,7 @@ def check_profile(data: Any, kind: str, *, where: str) -> dict[str, Any]:
         raise UserError(f"{where}: a {kind} profile must be a JSON object")
     if data.get("schema") != SCHEMA:
         raise UserError(
-            f"{where}: schema {data.get('schema')!r} is not supported (this vocabjax reads {SCHEMA})"
+            f"{where}: schema {data.get('schema')!r} is not supported (vocabjax reads {SCHEMA})"
         )
     if data.get("kind") != kind:
         raise UserError(f"{where}: expected a {kind!r} profile, found kind {data.get('kind')!r}")
