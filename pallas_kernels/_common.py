@@ -1,0 +1,233 @@
+"""Pieces shared by the unembedding kernels: the decode result type, tile merging, small helpers.
+
+Every kernel here follows one pattern. A ``pallas_call`` grid runs over tiles of the vocabulary
+(and of the batch); each program writes a *partial* result for its tile into a small
+``(n_tiles, rows)`` output, and plain jnp merges the partials afterwards. The merge is exact for
+max / argmax / sampling and numerically stable for logsumexp. This keeps every grid step
+independent (the Triton backend has no sequential grid axes and no scratch memory), so the same
+kernel runs on GPU and in interpret mode on CPU, and the extra traffic is tiny: a handful of f32
+per (tile, row) against ``block_v * d_model`` weights read per tile.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+# Larger than any vocabulary id: the "no index" value inside min-reductions over ids.
+BIG_ID = 2**31 - 1
+NEG_INF = float("-inf")
+
+
+class DecodeStats(NamedTuple):
+    """Per-row statistics of ``logits_bv = h_bd @ w_vd.T`` without materializing the logits.
+
+    All fields have shape (B,).
+
+    max_b:    float32, the largest logit.
+    argmax_b: int32, the token id of the largest logit; the lowest id when several tie.
+    lse_b:    float32, logsumexp of the raw (untempered) logits.
+    sample_b: int32, a Gumbel-max sample: the argmax over tokens of
+              ``logits * inv_temperature + gumbel(seeds, row, token)`` (``noise.gumbel``),
+              lowest id on ties. -1 for every row when no seeds are given.
+    """
+
+    max_b: jax.Array
+    argmax_b: jax.Array
+    lse_b: jax.Array
+    sample_b: jax.Array
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n (and >= 1)."""
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def check_pow2(**sizes: int) -> None:
+    """Raise ValueError unless every named size is a positive power of two (Triton's rule)."""
+    for name, size in sizes.items():
+        if size < 1 or size & (size - 1):
+            raise ValueError(f"{name}={size} must be a positive power of two")
+
+
+def check_hw(h_bd: jax.Array, w_vd: jax.Array) -> None:
+    """Check that h is (B, D) and w is (V, D) with matching d_model and one float dtype."""
+    if h_bd.ndim != 2 or w_vd.ndim != 2:
+        raise ValueError(f"h must be (B, D) and w (V, D); got {h_bd.shape=} and {w_vd.shape=}")
+    if h_bd.shape[1] != w_vd.shape[1]:
+        raise ValueError(f"d_model differs: {h_bd.shape[1]=} vs {w_vd.shape[1]=}")
+    if h_bd.dtype != w_vd.dtype:
+        raise ValueError(f"h and w must share a dtype; got {h_bd.dtype=} and {w_vd.dtype=}")
+    if h_bd.dtype not in (jnp.bfloat16, jnp.float16, jnp.float32):
+        raise ValueError(f"dtype {h_bd.dtype} is not one of bfloat16, float16, float32")
+
+
+def pad_rows(x: jax.Array, rows: int, value=0) -> jax.Array:
+    """Pad axis 0 of x up to ``rows`` with ``value`` (a no-op when it already has that many)."""
+    extra = rows - x.shape[0]
+    if extra == 0:
+        return x
+    pad = [(0, extra)] + [(0, 0)] * (x.ndim - 1)
+    return jnp.pad(x, pad, constant_values=jnp.asarray(value, x.dtype))
+
+
+def prepare_seeds(seeds: jax.Array) -> jax.Array:
+    """Check and return the two uint32 seeds (``noise.seeds_from_key``) as shape (2,)."""
+    seeds = jnp.asarray(seeds)
+    if seeds.shape != (2,) or seeds.dtype != jnp.uint32:
+        raise ValueError(f"seeds must be uint32 of shape (2,); got {seeds.dtype}{seeds.shape}")
+    return seeds
+
+
+def tile_max_argmax(x_bv: jax.Array, ids_v: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Row max of a tile and the lowest id attaining it, with reductions that lower everywhere.
+
+    ``ids_v`` are the global token ids of the tile's columns, shape (1, block_v) or (block_v,).
+    """
+    m_b = jnp.max(x_bv, axis=1)
+    hit = x_bv == m_b[:, None]
+    arg_b = jnp.min(jnp.where(hit, ids_v, BIG_ID), axis=1)
+    return m_b, arg_b
+
+
+def merge_max_argmax(m_tb: jax.Array, arg_tb: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Merge per-tile (max, lowest argmax) partials over axis 0 (tiles in increasing id order)."""
+    m_b = jnp.max(m_tb, axis=0)
+    arg_b = jnp.min(jnp.where(m_tb == m_b[None, :], arg_tb, BIG_ID), axis=0)
+    return m_b, arg_b
+
+
+def merge_lse(lse_tb: jax.Array) -> jax.Array:
+    """logsumexp over axis 0 of per-tile logsumexps (every tile holds at least one token)."""
+    m_b = jnp.max(lse_tb, axis=0)
+    return m_b + jnp.log(jnp.sum(jnp.exp(lse_tb - m_b[None, :]), axis=0))
+
+
+def merge_decode_partials(parts: dict[str, jax.Array], batch: int, has_seeds: bool) -> DecodeStats:
+    """Merge the (n_tiles, B_pad) partials of a decode kernel into DecodeStats of length B."""
+    max_b, argmax_b = merge_max_argmax(parts["max"], parts["argmax"])
+    lse_b = merge_lse(parts["lse"])
+    if has_seeds:
+        _, sample_b = merge_max_argmax(parts["score"], parts["sample"])
+    else:
+        sample_b = jnp.full(max_b.shape, -1, jnp.int32)
+    return DecodeStats(
+        max_b=max_b[:batch],
+        argmax_b=argmax_b[:batch].astype(jnp.int32),
+        lse_b=lse_b[:batch],
+        sample_b=sample_b[:batch].astype(jnp.int32),
+    )
+
+
+def inv_temperature_array(inv_temperature) -> jax.Array:
+    """The inverse temperature as a float32 array of shape (1,) (a kernel input, not static)."""
+    return jnp.reshape(jnp.asarray(inv_temperature, jnp.float32), (1,))
+
+
+def tile_logits(
+    h_ref,
+    w_ref,
+    valid_v: jax.Array,
+    *,
+    block_v: int,
+    block_d: int,
+    d_model: int,
+) -> jax.Array:
+    """f32 logits of one (rows, block_v) tile, inside a kernel, looping over d_model chunks.
+
+    ``h_ref`` is a (rows, D_pad) ref whose D_pad is a multiple of ``block_d`` (zero padded, so
+    it loads unmasked); ``w_ref`` is a ref whose first ``block_v`` rows are the tile's weights,
+    of which the first ``valid_v`` (dynamic) exist. Rows past ``valid_v`` and columns past
+    ``d_model`` are loaded masked, as zeros, so a ragged edge never reads out of bounds on GPU
+    (the Triton backend does no bounds checks of its own). Their logits come out as 0: the caller
+    masks the columns past ``valid_v``.
+
+    Products accumulate in float32 (``preferred_element_type``); float32 inputs use IEEE f32
+    dots on Triton (not TF32), bf16 inputs bf16 tensor-core dots with f32 accumulation.
+    """
+    rows = h_ref.shape[0]
+    n_chunks = cdiv(d_model, block_d)
+    row_ok = jnp.arange(block_v, dtype=jnp.int32) < valid_v
+
+    def body(c, acc):
+        d0 = pl.multiple_of(c * block_d, block_d)
+        cols = pl.ds(d0, block_d)
+        h = h_ref[:, cols]
+        mask = row_ok[:, None]
+        if d_model % block_d:
+            mask = mask & ((d0 + jnp.arange(block_d, dtype=jnp.int32)) < d_model)[None, :]
+        w = plgpu.load(w_ref.at[pl.ds(0, block_v), cols], mask=mask, other=0)
+        return acc + lax.dot_general(
+            h, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        )
+
+    acc = jnp.zeros((rows, block_v), jnp.float32)
+    return lax.fori_loop(0, n_chunks, body, acc)
+
+
+def pad_cols(x: jax.Array, cols: int) -> jax.Array:
+    """Zero-pad axis 1 of a 2-D array up to ``cols``."""
+    extra = cols - x.shape[1]
+    if extra == 0:
+        return x
+    return jnp.pad(x, [(0, 0), (0, extra)])
+
+
+def poison_like(shape_dtype: jax.ShapeDtypeStruct) -> jax.Array:
+    """An array that no correct result contains: NaN for floats, the minimum for integers."""
+    if jnp.issubdtype(shape_dtype.dtype, jnp.floating):
+        return jnp.full(shape_dtype.shape, jnp.nan, shape_dtype.dtype)
+    return jnp.full(shape_dtype.shape, jnp.iinfo(shape_dtype.dtype).min, shape_dtype.dtype)
+
+
+def pallas_call_maybe_poisoned(
+    kernel,
+    args: tuple,
+    *,
+    grid: tuple[int, ...],
+    in_specs: list,
+    out_specs: list,
+    out_shape: list,
+    poison: bool,
+    interpret: bool,
+    compiler_params=None,
+    name: str,
+):
+    """``pl.pallas_call`` whose outputs start as poison when ``poison`` is set.
+
+    With ``poison`` the outputs are NaN / INT_MIN filled arrays aliased in through
+    ``input_output_aliases``, so any element a kernel forgets to write stays visibly wrong, on GPU
+    as well as in interpret mode. The kernel body never sees the aliased inputs.
+    """
+    n_in = len(args)
+    if poison:
+        n_out = len(out_shape)
+
+        def body(*refs):
+            kernel(*refs[:n_in], *refs[n_in + n_out :])
+
+        args = (*args, *(poison_like(s) for s in out_shape))
+        in_specs = [*in_specs, *out_specs]
+        aliases = {n_in + k: k for k in range(n_out)}
+    else:
+        body, aliases = kernel, {}
+    return pl.pallas_call(
+        body,
+        grid=grid,
+        in_specs=in_specs,
+        out_specs=out_specs,
+        out_shape=out_shape,
+        input_output_aliases=aliases,
+        compiler_params=compiler_params,
+        interpret=interpret,
+        name=name,
+    )(*args)
