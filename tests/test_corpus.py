@@ -1,0 +1,184 @@
+"""Corpus streaming: formats, compression, the split, the cap, the builtin corpus, bad input."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import sys
+import sysconfig
+
+import pytest
+
+from vocabjax.corpus import BUILTIN_LABEL, batches, is_held_out, open_corpus, read_file
+from vocabjax.errors import UserError
+
+DOCS = ["first document\nwith two lines\n", "zweites Dokument: Grüße 🙂\n", "third\n"]
+
+
+def _write_jsonl(path, docs, field="text", opener=open):
+    with opener(path, "wt", encoding="utf-8") as f:
+        for i, d in enumerate(docs):
+            f.write(json.dumps({"id": i, field: d}) + "\n")
+
+
+def test_text_directory_and_glob(tmp_path):
+    for i, d in enumerate(DOCS):
+        (tmp_path / f"{i}.txt").write_text(d, encoding="utf-8")
+    (tmp_path / "notes.bin").write_bytes(b"\x00\x01")  # not a corpus format: skipped in a dir
+    (tmp_path / ".hidden.txt").write_text("hidden", encoding="utf-8")
+    assert list(open_corpus(tmp_path).documents()) == DOCS
+    assert list(open_corpus(str(tmp_path / "*.txt")).documents()) == DOCS
+    assert list(open_corpus(tmp_path / "1.txt").documents()) == [DOCS[1]]
+
+
+def test_jsonl_field_and_compression(tmp_path):
+    import zstandard
+
+    _write_jsonl(tmp_path / "a.jsonl", DOCS)
+    _write_jsonl(tmp_path / "b.jsonl.gz", DOCS, field="content", opener=gzip.open)
+    data = "".join(json.dumps({"text": d}) + "\n" for d in DOCS).encode()
+    (tmp_path / "c.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(data))
+    (tmp_path / "d.txt.gz").write_bytes(gzip.compress(DOCS[0].encode()))
+    assert list(open_corpus(tmp_path / "a.jsonl").documents()) == DOCS
+    assert list(open_corpus(tmp_path / "b.jsonl.gz", field="content").documents()) == DOCS
+    assert list(open_corpus(tmp_path / "c.jsonl.zst").documents()) == DOCS
+    assert list(open_corpus(tmp_path / "d.txt.gz").documents()) == [DOCS[0]]
+
+
+def test_parquet(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"body": DOCS + [None], "n": [1, 2, 3, 4]}), tmp_path / "x.parquet")
+    assert list(open_corpus(tmp_path / "x.parquet", field="body").documents()) == DOCS
+    with pytest.raises(UserError, match=r"has no column 'text' \(columns: body, n\)"):
+        list(open_corpus(tmp_path / "x.parquet").documents())
+
+
+def test_long_text_file_is_cut_at_line_ends(tmp_path):
+    lines = [f"line {i} " + "x" * (i % 50) + "\n" for i in range(3000)]
+    (tmp_path / "big.txt").write_text("".join(lines), encoding="utf-8")
+    docs = list(read_file(tmp_path / "big.txt", max_document_bytes=4096))
+    assert len(docs) > 10
+    assert "".join(docs) == "".join(lines)
+    assert all(d.endswith("\n") for d in docs)
+    assert max(len(d.encode()) for d in docs) <= 1024 + 60  # max/4 characters plus one line
+
+
+def test_split_is_a_deterministic_partition_by_content(tmp_path):
+    docs = [f"document number {i}\n" for i in range(400)]
+    _write_jsonl(tmp_path / "a.jsonl", docs)
+    _write_jsonl(tmp_path / "b.jsonl", docs[::-1])
+    a = open_corpus(tmp_path / "a.jsonl", held_out=0.25)
+    train, held = list(a.documents("train")), list(a.documents("heldout"))
+    assert sorted(train + held) == sorted(docs) and not set(train) & set(held)
+    assert 60 < len(held) < 140  # about a quarter
+    b = open_corpus(tmp_path / "b.jsonl", held_out=0.25)
+    assert set(b.documents("heldout")) == set(held)  # order does not matter, content does
+    assert not is_held_out(b"x", 0.0) and is_held_out(b"x", 1.0)
+
+
+def test_max_bytes_caps_before_the_split(tmp_path):
+    docs = [f"doc {i:04d}\n" for i in range(100)]  # 9 bytes each
+    _write_jsonl(tmp_path / "a.jsonl", docs)
+    capped = open_corpus(tmp_path / "a.jsonl", max_bytes=90)
+    assert list(capped.documents()) == docs[:10]
+    full_held = set(open_corpus(tmp_path / "a.jsonl").documents("heldout"))
+    assert set(capped.documents("heldout")) == full_held & set(docs[:10])
+    assert "first" in capped.label
+
+
+def test_builtin_corpus_is_labelled_and_deterministic():
+    corpus = open_corpus("builtin", max_bytes=200_000)
+    docs = list(corpus.documents())
+    assert docs == list(open_corpus("builtin", max_bytes=200_000).documents())
+    assert 190_000 < sum(len(d.encode()) for d in docs) <= 200_000
+    assert corpus.label.startswith(BUILTIN_LABEL) and "code-heavy" in corpus.describe("train")
+    assert any("def " in d for d in open_corpus("builtin", max_bytes=2_000_000).documents())
+    files = corpus.files()
+    root = sysconfig.get_paths()["stdlib"]
+    assert len(files) > 100
+    assert files == sorted(files, key=lambda p: p.relative_to(root).as_posix())
+    assert not any("site-packages" in p.parts for p in files)
+
+
+def test_batches():
+    assert list(batches(iter("abcde"), max_docs=2, max_chars=100)) == [
+        ["a", "b"],
+        ["c", "d"],
+        ["e"],
+    ]
+    assert list(batches(iter(["xx", "yy", "z"]), max_docs=9, max_chars=3)) == [["xx", "yy"], ["z"]]
+
+
+# ---- bad input ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        (lambda p: None, r"corpus '.*missing' does not exist"),
+        (lambda p: (p / "missing").mkdir(), r"has no \.txt, \.jsonl or \.parquet files"),
+    ],
+)
+def test_missing_path_and_empty_directory(tmp_path, setup, message):
+    setup(tmp_path)
+    with pytest.raises(UserError, match=message):
+        open_corpus(tmp_path / "missing")
+    with pytest.raises(UserError, match="no files match"):
+        open_corpus(str(tmp_path / "nothing-*.txt"))
+
+
+def test_empty_corpus_and_empty_split(tmp_path):
+    (tmp_path / "empty.txt").write_text("  \n\n", encoding="utf-8")
+    with pytest.raises(UserError, match="holds no text"):
+        list(open_corpus(tmp_path / "empty.txt").documents())
+    (tmp_path / "one.txt").write_text("one document", encoding="utf-8")
+    with pytest.raises(UserError, match="the heldout part of corpus .* is empty"):
+        list(open_corpus(tmp_path / "one.txt", held_out=0.0).documents("heldout"))
+
+
+def test_binary_junk(tmp_path):
+    (tmp_path / "junk.txt").write_bytes(os.urandom(4096))
+    with pytest.raises(UserError, match="is not UTF-8 text"):
+        list(open_corpus(tmp_path / "junk.txt").documents())
+    (tmp_path / "nul.txt").write_bytes(b"abc\x00\x00\x00def" * 10)
+    with pytest.raises(UserError, match="looks like binary data"):
+        list(open_corpus(tmp_path / "nul.txt").documents())
+    (tmp_path / "junk.jsonl.gz").write_bytes(b"not gzip at all")
+    with pytest.raises(UserError, match="is not a valid .gz file"):
+        list(open_corpus(tmp_path / "junk.jsonl.gz").documents())
+    (tmp_path / "junk.parquet").write_bytes(b"PAR1 nope")
+    with pytest.raises(UserError, match="is not a readable parquet file"):
+        list(open_corpus(tmp_path / "junk.parquet").documents())
+
+
+def test_bad_jsonl(tmp_path):
+    (tmp_path / "a.jsonl").write_text('{"text": "ok"}\n{"body": "x"}\n', encoding="utf-8")
+    with pytest.raises(UserError, match=r"a.jsonl:2 has no 'text' field \(fields: body\)"):
+        list(open_corpus(tmp_path / "a.jsonl").documents())
+    (tmp_path / "b.jsonl").write_text('{"text": "ok"}\n{oops\n', encoding="utf-8")
+    with pytest.raises(UserError, match="b.jsonl:2 is not a JSON line"):
+        list(open_corpus(tmp_path / "b.jsonl").documents())
+    (tmp_path / "c.jsonl").write_text('{"text": 3}\n', encoding="utf-8")
+    with pytest.raises(UserError, match="field 'text' is int, not text"):
+        list(open_corpus(tmp_path / "c.jsonl").documents())
+
+
+def test_missing_optional_packages_say_what_to_install(tmp_path, monkeypatch):
+    (tmp_path / "x.parquet").write_bytes(b"")
+    (tmp_path / "x.txt.zst").write_bytes(b"")
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    monkeypatch.setitem(sys.modules, "zstandard", None)
+    with pytest.raises(UserError, match="needs pyarrow: pip install pyarrow"):
+        list(open_corpus(tmp_path / "x.parquet").documents())
+    with pytest.raises(UserError, match="needs the zstandard package: pip install zstandard"):
+        list(open_corpus(tmp_path / "x.txt.zst").documents())
+
+
+def test_bad_arguments():
+    with pytest.raises(UserError, match="held_out=1.5 must be in"):
+        open_corpus("builtin", held_out=1.5)
+    with pytest.raises(UserError, match="max_bytes=0 must be positive"):
+        open_corpus("builtin", max_bytes=0)

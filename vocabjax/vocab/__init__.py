@@ -1,0 +1,59 @@
+"""Tokenizers: nested byte-level BPE training, compression measurement, pruning, loading.
+
+nested = train_nested(corpus.texts("train"), [8192, 32768])   # one training, two levels
+save_nested(nested, "tok/", corpus=corpus.describe("train"))
+points = measure(load_tokenizers("tok/"), corpus.texts("heldout"))
+profile = compression_profile(points, corpus=corpus.describe("heldout"), source="...")
+"""
+
+from vocabjax.vocab.bpe import BYTE_ALPHABET, DEFAULT_SPECIALS, cut_level
+from vocabjax.vocab.load import (
+    LoadedTokenizer,
+    load_largest,
+    load_tokenizer,
+    load_tokenizers,
+    read_manifest,
+)
+from vocabjax.vocab.measure import (
+    CompressionPoint,
+    compression_profile,
+    curve_notes,
+    measure,
+    ratio_ci95,
+)
+from vocabjax.vocab.nested import (
+    MANIFEST,
+    NestedBPE,
+    check_vocab_sizes,
+    minimum_vocab,
+    save_nested,
+    train_nested,
+)
+from vocabjax.vocab.prune import ID_MAP, Pruned, count_usage, prune, prune_to_dir
+
+__all__ = [
+    "BYTE_ALPHABET",
+    "DEFAULT_SPECIALS",
+    "ID_MAP",
+    "MANIFEST",
+    "CompressionPoint",
+    "LoadedTokenizer",
+    "NestedBPE",
+    "Pruned",
+    "check_vocab_sizes",
+    "compression_profile",
+    "count_usage",
+    "curve_notes",
+    "cut_level",
+    "load_largest",
+    "load_tokenizer",
+    "load_tokenizers",
+    "measure",
+    "minimum_vocab",
+    "prune",
+    "prune_to_dir",
+    "ratio_ci95",
+    "read_manifest",
+    "save_nested",
+    "train_nested",
+]

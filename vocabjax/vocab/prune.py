@@ -1,0 +1,207 @@
+"""Pruning a byte-level BPE to exactly N tokens for a deployment corpus.
+
+Tokens are kept most-used first (counted by encoding the deployment corpus with the source), and
+the merge closure holds: a kept token keeps the tokens and the merge that build it, recursively;
+a dropped token takes every merge that makes or uses it. The specials and the 256 byte tokens are
+always kept, so the result still encodes any byte string. Ids are re-indexed in the source's id
+order, and ``new_to_old`` gathers the matching embedding rows: ``w_new = w_old[new_to_old]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from vocabjax.corpus import batches
+from vocabjax.errors import UserError
+from vocabjax.profiles import SCHEMA, atomic_directory, atomic_write_json
+from vocabjax.vocab.bpe import (
+    BYTE_ALPHABET,
+    bpe_model,
+    byte_alphabet,
+    id_to_token,
+    merges,
+    with_vocab,
+    write_level,
+)
+from vocabjax.vocab.load import LoadedTokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class Pruned:
+    """A pruned tokenizer and how it maps to its source."""
+
+    data: dict[str, Any]  # the pruned tokenizer.json dict
+    new_to_old: list[int]  # new token id -> source token id (increasing)
+    kept_by_use: int  # tokens chosen for their use on the corpus (with their closure)
+    kept_to_fill: int  # tokens added in merge order to reach exactly N
+
+
+def count_usage(
+    tokenizer: Tokenizer, texts: Iterable[str], *, progress: Callable[[str], None] | None = None
+) -> np.ndarray:
+    """How often each token id occurs when ``tokenizer`` encodes ``texts``."""
+    counts = np.zeros(tokenizer.get_vocab_size(with_added_tokens=True), dtype=np.int64)
+    done = 0
+    for batch in batches(texts, max_docs=256, max_chars=8 * 2**20):
+        for enc in tokenizer.encode_batch_fast(batch, add_special_tokens=False):
+            ids = np.asarray(enc.ids, dtype=np.int64)
+            counts += np.bincount(ids, minlength=len(counts))[: len(counts)]
+        done += sum(len(t) for t in batch)
+        if progress:
+            progress(f"  counted tokens in {done / 2**20:.1f} MiB")
+    return counts
+
+
+def prune(
+    data: Mapping[str, Any], counts: np.ndarray, vocab: int, *, where: str = "tokenizer"
+) -> Pruned:
+    """Keep exactly ``vocab`` tokens of the BPE tokenizer.json dict ``data``.
+
+    ``counts[i]`` is the use of token id ``i`` on the deployment corpus.
+    """
+    model = bpe_model(data, where=where)
+    tokens = id_to_token(model)
+    ids: Mapping[str, int] = model["vocab"]
+    source = len(tokens)
+    if vocab > source:
+        raise UserError(
+            f"--vocab {vocab} is above the source's {source} tokens ({where}); "
+            "pruning only removes tokens"
+        )
+    alphabet = byte_alphabet()
+    missing = [ch for ch in alphabet if ch not in ids]
+    if missing:
+        raise UserError(
+            f"{where}: lacks {len(missing)} of the {BYTE_ALPHABET} byte tokens, so a pruned "
+            "version could not encode every byte string (prune needs a byte-level BPE)"
+        )
+    specials = [t["content"] for t in data.get("added_tokens", []) if t["content"] in ids]
+    base = sorted({ids[ch] for ch in alphabet} | {ids[s] for s in specials})
+    if vocab < len(base):
+        raise UserError(
+            f"--vocab {vocab} must be >= {len(base)} (the {BYTE_ALPHABET}-token byte alphabet "
+            f"+ {len(base) - BYTE_ALPHABET} special token(s))"
+        )
+
+    pairs = merges(model)
+    # The merge that first makes each token: its parts must be kept with it.
+    builder: dict[int, tuple[int, int]] = {}
+    builder_rank: dict[int, int] = {}
+    for rank, (a, b) in enumerate(pairs):
+        made = ids.get(a + b)
+        if made is None or a not in ids or b not in ids:
+            raise UserError(f"{where}: merge {a!r} {b!r} names a token not in the vocabulary")
+        if made not in builder:
+            builder[made] = (ids[a], ids[b])
+            builder_rank[made] = rank
+
+    kept = np.zeros(source, dtype=bool)
+    kept[base] = True
+    n_kept = len(base)
+
+    def closure(t: int) -> list[int]:
+        """``t`` and every not yet kept token that builds it, parts before wholes."""
+        out: list[int] = []
+        seen: set[int] = set()
+        stack = [(t, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if kept[node] or (node in seen and not expanded):
+                continue
+            if expanded:
+                out.append(node)
+                continue
+            seen.add(node)
+            stack.append((node, True))
+            for part in builder.get(node, ()):
+                if not kept[part] and part not in seen:
+                    stack.append((part, False))
+        return out
+
+    counts = np.asarray(counts, dtype=np.int64)
+    if counts.ndim != 1 or counts.shape[0] < source:
+        raise ValueError(f"counts has shape {counts.shape}; needs one entry per token ({source})")
+    by_use = [int(t) for t in np.lexsort((np.arange(source), -counts[:source])) if counts[t] > 0]
+    for t in by_use:
+        if n_kept == vocab:
+            break
+        need = closure(t)
+        if need and n_kept + len(need) <= vocab:
+            kept[need] = True
+            n_kept += len(need)
+    kept_by_use = n_kept - len(base)
+    # Fill the rest in the source's merge order (what training at this size would have added);
+    # in that order each token's parts come first, so one pass reaches exactly ``vocab``.
+    for t in sorted(builder, key=builder_rank.__getitem__):
+        if n_kept == vocab:
+            break
+        need = closure(t)
+        if need and n_kept + len(need) <= vocab:
+            kept[need] = True
+            n_kept += len(need)
+    if n_kept != vocab:
+        raise UserError(f"{where}: could only reach {n_kept} closed tokens, not {vocab}")
+
+    new_to_old = [int(i) for i in np.flatnonzero(kept)]
+    kept_tokens = [tokens[i] for i in new_to_old]
+    keep = set(kept_tokens)
+    kept_merges = [(a, b) for a, b in pairs if a in keep and b in keep and a + b in keep]
+    return Pruned(
+        data=with_vocab(data, kept_tokens, kept_merges),
+        new_to_old=new_to_old,
+        kept_by_use=kept_by_use,
+        kept_to_fill=n_kept - len(base) - kept_by_use,
+    )
+
+
+PRUNE_KIND = "vocab_prune"
+ID_MAP = "id_map.json"
+
+
+def prune_to_dir(
+    source: LoadedTokenizer,
+    texts: Iterable[str],
+    vocab: int,
+    out: str | os.PathLike,
+    *,
+    corpus: str,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Count use on ``texts``, prune ``source`` to ``vocab`` tokens and write ``out`` atomically:
+    ``tokenizer.json`` (+ ``tokenizer_config.json``) and ``id_map.json`` with ``new_to_old``.
+    Returns the id map's metadata (without the map)."""
+    data = source.to_json()
+    # Check sizes before reading the corpus, so a bad --vocab fails at once.
+    bpe_model(data, where=source.path)
+    if vocab > source.vocab:
+        raise UserError(
+            f"--vocab {vocab} is above the source's {source.vocab} tokens ({source.path}); "
+            "pruning only removes tokens"
+        )
+    counts = count_usage(source.tokenizer, texts, progress=progress)
+    pruned = prune(data, counts, vocab, where=source.path)
+    with atomic_directory(out) as tmp:
+        tokenizer = write_level(Path(tmp), pruned.data, where=f"pruned {source.path}")
+        if tokenizer.get_vocab_size(with_added_tokens=True) != vocab:
+            raise RuntimeError("the pruned tokenizer does not have the requested size")
+        meta = {
+            "schema": SCHEMA,
+            "kind": PRUNE_KIND,
+            "source": source.path,
+            "source_vocab": source.vocab,
+            "vocab": vocab,
+            "corpus": corpus,
+            "corpus_tokens": int(counts.sum()),
+            "kept_by_use": pruned.kept_by_use,
+            "kept_to_fill": pruned.kept_to_fill,
+            "merges": len(pruned.data["model"]["merges"]),
+        }
+        atomic_write_json(Path(tmp) / ID_MAP, {**meta, "new_to_old": pruned.new_to_old})
+    return meta
