@@ -26,11 +26,18 @@ def _pyplot():
     return plt
 
 
-def save_figure(fig, path: str | os.PathLike) -> Path:
-    """Save through a temporary file and rename, like every other output."""
+def check_plot_path(path: str | os.PathLike) -> Path:
+    """Fail early, before any work, on a figure name matplotlib cannot write."""
     path = Path(path)
     if path.suffix.lower() not in (".png", ".svg", ".pdf"):
         raise UserError(f"plot file {str(path)!r} must end in .png, .svg or .pdf")
+    _pyplot()
+    return path
+
+
+def save_figure(fig, path: str | os.PathLike) -> Path:
+    """Save through a temporary file and rename, like every other output."""
+    path = check_plot_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
     fig.savefig(tmp, dpi=120, bbox_inches="tight")

@@ -1,0 +1,289 @@
+"""sweep and plan through click's CliRunner: outputs, options, exact errors."""
+
+import csv
+import io
+import json
+
+import pytest
+from click.testing import CliRunner
+
+import cli
+from vocabjax.hardware import load_device, save_device
+
+SMALL = ["--vocab", "8k,32k,262k", "--batch", "1,64", "--lam", "0,100"]
+
+
+def run(*args):
+    result = CliRunner().invoke(cli.main, list(args))
+    return result
+
+
+def test_help_lists_the_commands_and_version():
+    out = run("--help")
+    assert out.exit_code == 0
+    for name in ("sweep", "plan"):
+        assert name in out.output
+    assert "Example" in out.output
+    assert run("-h").exit_code == 0
+    assert "vocabjax, version" in run("--version").output
+    assert "python cli.py sweep" in run("sweep", "-h").output
+
+
+def test_default_sweep_prints_a_v_star_table():
+    out = run("sweep")
+    assert out.exit_code == 0, out.output
+    assert "V* on a100-80gb" in out.output and "paper-1.5b" in out.output
+    lines = out.output.splitlines()
+    header = next(line for line in lines if line.strip().startswith("B"))
+    assert "lam=0" in header and "lam=1000" in header and "infer-only" in header
+    for b in ("1", "4", "16", "64", "256"):
+        assert any(line.split()[0] == b for line in lines if line.strip()), b
+
+
+def test_sweep_json_is_json_alone():
+    out = CliRunner().invoke(cli.main, ["sweep", *SMALL, "--format", "json"])
+    assert out.exit_code == 0
+    data = json.loads(out.stdout)
+    assert data["schema"] == 1
+    assert len(data["table"]) == 4
+    for row in data["table"]:
+        assert {"device", "model", "batch", "lam", "v_star", "cost_per_byte"} <= set(row)
+        assert row["v_star"] in (8192, 32768, 262144)
+    assert len(data["break_even"]) == 6
+
+
+def test_sweep_csv_and_markdown():
+    out = run("sweep", *SMALL, "--format", "csv")
+    rows = list(csv.DictReader(io.StringIO(out.output)))
+    assert len(rows) == 4 and rows[0]["device"] == "a100-80gb"
+    md = run("sweep", *SMALL, "--format", "markdown", "--break-even")
+    assert md.exit_code == 0 and "| B | lam=0 | lam=100 | infer-only |" in md.output
+    assert "break-even lambda" in md.output
+
+
+def test_sweep_several_devices_and_models():
+    out = run(
+        "sweep",
+        *SMALL,
+        "--device",
+        "a10g",
+        "--device",
+        "h200",
+        "--model",
+        "llama-1b",
+        "--model",
+        "gpt2-small",
+        "--format",
+        "json",
+    )
+    data = json.loads(out.stdout)
+    assert {(r["device"], r["model"]) for r in data["table"]} == {
+        ("a10g", "llama-1b"),
+        ("a10g", "gpt2-small"),
+        ("h200", "llama-1b"),
+        ("h200", "gpt2-small"),
+    }
+
+
+def test_sweep_options_change_the_answer():
+    def v_star(*extra):
+        data = json.loads(
+            run(
+                "sweep",
+                "--batch",
+                "256",
+                "--lam",
+                "1000",
+                "--model",
+                "paper-100m",
+                "--device",
+                "a10g",
+                "--format",
+                "json",
+                *extra,
+            ).stdout
+        )
+        return data["table"][0]["v_star"]
+
+    assert v_star("--cost-model", "full") > v_star("--cost-model", "weights-only")
+    assert v_star("--cost-model", "weights-only", "--fused-logits") >= v_star(
+        "--cost-model", "weights-only"
+    )
+
+
+def test_sweep_with_a_compression_profile(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(
+        json.dumps(
+            {
+                "schema": 1,
+                "kind": "compression",
+                "corpus": "flat",
+                "points": [
+                    {"vocab": 8192, "bytes_per_token": 4.0},
+                    {"vocab": 524288, "bytes_per_token": 4.0},
+                ],
+            }
+        )
+    )
+    data = json.loads(run("sweep", *SMALL, "--compression", str(path), "--format", "json").stdout)
+    # no compression gain from a larger vocabulary: the smallest V always wins
+    assert {r["v_star"] for r in data["table"]} == {8192}
+    assert data["compression"] == "flat"
+
+
+def test_sweep_with_training_profile_and_quality(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text(
+        json.dumps(
+            {
+                "schema": 1,
+                "kind": "training",
+                "points": [
+                    {"vocab": 8192, "tokens_per_s": 2000.0, "bpb": 1.20},
+                    {"vocab": 32768, "tokens_per_s": 1500.0, "bpb": 1.00},
+                    {"vocab": 262144, "tokens_per_s": 800.0, "bpb": 1.01},
+                ],
+            }
+        )
+    )
+    out = run(
+        "sweep", *SMALL, "--training", str(path), "--bpb-tolerance", "0.05", "--format", "json"
+    )
+    assert out.exit_code == 0, out.output
+    assert {r["v_star"] for r in json.loads(out.stdout)["table"]} <= {32768, 262144}
+
+
+def test_sweep_with_a_profile_file_and_a_plot(tmp_path):
+    prof = save_device(load_device("l4"), tmp_path / "l4.json")
+    png = tmp_path / "fig.png"
+    out = run("sweep", *SMALL, "--device", str(prof), "--plot", str(png))
+    assert out.exit_code == 0, out.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    "args, code, line",
+    [
+        (
+            ["--vocab", "0"],
+            2,
+            "Error: Invalid value for '--vocab': vocab must be positive, got '0'",
+        ),
+        (
+            ["--vocab", "-8k"],
+            2,
+            "Error: Invalid value for '--vocab': vocab '-8k' is not a size "
+            "(examples: 8k, 65536, 262k, 1m)",
+        ),
+        (
+            ["--batch", "0"],
+            2,
+            "Error: Invalid value for '--batch': batch must be positive, got '0'",
+        ),
+        (["--lam", "-1"], 2, "Error: Invalid value for '--lam': lam must be >= 0, got '-1'"),
+        (["--lam", "nan"], 2, "Error: Invalid value for '--lam': lam must be finite, got 'nan'"),
+        (
+            ["--device", "tpu9"],
+            1,
+            "Error: unknown device 'tpu9' (builtin: a10g, a100-40gb, "
+            "a100-80gb, a100-paper, h100-sxm, h200, l4; or a profile .json)",
+        ),
+        (
+            ["--model", "gpt5"],
+            1,
+            "Error: unknown model 'gpt5' (builtin: paper-100m, paper-1.5b, "
+            "paper-2.3b, gpt2-small, gpt2-medium, llama-1b, llama-8b, llama-70b; "
+            "or a .json/.toml shape file)",
+        ),
+        (["--cost-model", "magic"], 2, None),
+        (
+            ["--bpb-tolerance", "0.1"],
+            1,
+            "Error: --bpb-tolerance needs --training with measured bpb",
+        ),
+        (["--output-bytes", "0"], 1, "Error: output_bytes must be > 0, got 0.0"),
+        (["--plot", "x.gif"], 1, "Error: plot file 'x.gif' must end in .png, .svg or .pdf"),
+    ],
+)
+def test_sweep_errors(args, code, line):
+    out = run("sweep", *args)
+    assert out.exit_code == code
+    assert "Traceback" not in out.output
+    if line:
+        assert out.output.strip().splitlines()[-1] == line
+
+
+def test_corrupt_profiles_are_one_line_errors(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{oops")
+    out = run("sweep", "--device", str(bad))
+    assert out.exit_code == 1 and out.output.startswith(
+        f"Error: device profile '{bad}' is not valid JSON"
+    )
+    assert len(out.output.strip().splitlines()) == 1
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"schema": 7, "kind": "device"}))
+    out = run("sweep", "--device", str(other))
+    assert out.output.strip() == f"Error: {other}: schema 7 is not supported (vocabjax reads 1)"
+    missing = tmp_path / "m.json"
+    missing.write_text(json.dumps({"schema": 1, "kind": "device", "name": "m"}))
+    out = run("sweep", "--device", str(missing))
+    assert out.output.strip() == f"Error: {missing}: missing field(s) ceilings, memory_bytes"
+    out = run("sweep", "--compression", str(other))
+    assert out.exit_code == 1 and "schema 7 is not supported" in out.output
+
+
+def test_grid_too_large():
+    many = ",".join(str(v) for v in range(1000, 3000))
+    out = run("sweep", "--vocab", many, "--batch", many, "--lam", many)
+    assert out.exit_code == 1
+    assert out.output.startswith("Error: a grid of 8,000,000,000 points needs about")
+    assert len(out.output.splitlines()) == 1
+
+
+def test_plan_writes_a_policy(tmp_path):
+    pol = tmp_path / "policy.json"
+    out = run(
+        "plan",
+        "--workload",
+        "edge:b=1:share=0.5,dc:b=256:share=0.5",
+        "--lam",
+        "100",
+        "--out",
+        str(pol),
+    )
+    assert out.exit_code == 0, out.output
+    assert "best single V" in out.output and "best nested heads" in out.output
+    data = json.loads(pol.read_text())
+    assert data["kind"] == "policy" and data["heads"] and data["batch_routes"]
+    js = run("plan", "--workload", "dc:b=64:share=1", "--lam", "10", "--format", "json")
+    data = json.loads(js.stdout)
+    assert {"break_even", "kv_plan", "single", "heads", "routes"} <= set(data)
+
+
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (
+            ["--workload", "edge:b=1:share=0.4", "--lam", "1"],
+            "Error: workload shares sum to 0.4; they must sum to 1",
+        ),
+        (
+            ["--workload", "edge:b=1:share=1", "--lam", "nan"],
+            "Error: --lam must be a finite number >= 0, got nan",
+        ),
+        (
+            ["--workload", "edge:b=1:share=1", "--lam", "-2"],
+            "Error: --lam must be a finite number >= 0, got -2.0",
+        ),
+        (
+            ["--workload", "e:b=1:share=1", "--lam", "1", "--device", "a10g", "--device", "l4"],
+            "Error: plan takes one --device and one --model",
+        ),
+    ],
+)
+def test_plan_errors(args, line, tmp_path):
+    out = run("plan", *args, "--out", str(tmp_path / "p.json"))
+    assert out.exit_code == 1 and out.output.strip() == line
+    assert not (tmp_path / "p.json").exists()

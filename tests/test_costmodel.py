@@ -1,0 +1,187 @@
+"""The roofline cost model: hand-checked values and hypothesis properties."""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from vocabjax.compression import CompressionCurve
+from vocabjax.costmodel import CostModel, Settings
+from vocabjax.hardware import BUILTIN_DEVICES, DeviceProfile, KernelTiming, load_device
+from vocabjax.shapes import BUILTIN_SHAPES, ModelShape, load_shape
+from vocabjax.xp import PyMath
+
+TINY = ModelShape("tiny", d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=256)
+ROUND = DeviceProfile(
+    name="round",
+    peak_flops={"bf16": 1e12},
+    hbm_bandwidth=1e11,
+    memory_bytes=1e9,
+    launch_overhead_s=1e-6,
+    source="test",
+)
+FLAT = CompressionCurve("flat4", (1000, 10**7), (4.0, 4.0))
+
+
+def test_tiny_shape_counts():
+    # attention: q, o are 64 x (4*16); k, v are 64 x (2*16); mlp: 2 x 64 x 256; 2 layers
+    assert TINY.dh == 16
+    assert TINY.n_nonembedding == 2 * (2 * 64 * 64 + 2 * 64 * 32 + 2 * 64 * 256)
+    assert TINY.kv_elements_per_token == 2 * 2 * 2 * 16
+
+
+def test_hand_checked_decode_cost():
+    """c_infer at V=1000, B=2 from DESIGN.md's formulas, written out by hand."""
+    s = Settings(prompt_bytes=400.0, output_bytes=200.0, launches_per_layer=5)
+    cm = CostModel(ROUND, TINY, s, FLAT)
+    V, B, D, L, w, k = 1000.0, 2.0, 64.0, 2.0, 2.0, 2.0
+    n_nv = float(TINY.n_nonembedding)
+    beta = 4.0
+    T = (400 + 100) / beta  # mean context over the generation: S_in/beta + S_out/(2 beta)
+    P, BW = 1e12, 1e11
+    act = B * L * (4 * 64 + 2 * (4 + 2) * 16 + 2 * 256) * 2
+    t_embed = B * D * w / BW
+    t_backbone = max(2 * B * n_nv / P, (w * n_nv + act) / BW)
+    t_unembed = max(2 * B * V * D / P, (w * V * D + B * V * 4) / BW)
+    t_sample = max(4 * B * V / P, B * V * 4 / BW)
+    t_attn = max(4 * B * T * 4 * 16 * L / P, B * T * 2 * 2 * 16 * k * L / BW)
+    launches = (2 * 5 + 3) * 1e-6
+    step = t_embed + t_backbone + t_unembed + t_sample + t_attn + launches
+    expected = step / (B * beta)
+    assert cm.c_infer(V, B, xp=PyMath) == pytest.approx(expected, rel=1e-12)
+    assert float(cm.c_infer(jnp.float32(V), jnp.float32(B))) == pytest.approx(expected, rel=1e-5)
+    # training: 6 (N_nv + V D) + 6 L T_train H Dh FLOPs per token at peak, per byte
+    c_train = (6 * (n_nv + V * D) + 6 * L * 2048 * 4 * 16) / P / beta
+    assert cm.c_train(V, xp=PyMath) == pytest.approx(c_train, rel=1e-12)
+    # KV plan: ((S_in + S_out) / beta) 2 L K Dh k bytes per sequence
+    kv = (600 / beta) * 2 * 2 * 2 * 16 * 2
+    assert cm.kv_bytes_per_seq(V, xp=PyMath) == pytest.approx(kv)
+    assert cm.b_max(V, xp=PyMath) == math.floor((1e9 - w * (n_nv + 2 * V * D)) / kv)
+
+
+def test_weights_only_drops_attention_and_kv():
+    full = CostModel(ROUND, TINY, Settings(), FLAT)
+    wo = CostModel(ROUND, TINY, Settings(mode="weights-only"), FLAT)
+    assert "attention" in full.decode_ops(1000.0, 1.0, 100.0)
+    assert "attention" not in wo.decode_ops(1000.0, 1.0, 100.0)
+    assert wo.c_infer(1000.0, 8.0, xp=PyMath) < full.c_infer(1000.0, 8.0, xp=PyMath)
+    # weights-only training is exactly 6 (N_nv + V D)
+    assert wo.train_flops_per_token(1000.0) == 6 * (TINY.n_nonembedding + 1000 * 64)
+
+
+def test_prefill_is_charged_only_when_asked():
+    base = CostModel(ROUND, TINY, Settings(), FLAT)
+    pre = CostModel(ROUND, TINY, Settings(include_prefill=True), FLAT)
+    extra = pre.c_infer(4096.0, 4.0, xp=PyMath) - base.c_infer(4096.0, 4.0, xp=PyMath)
+    expected = base.prefill_time(4096.0, 4.0, 4096 / 4.0, xp=PyMath) / (4.0 * 1024.0)
+    assert extra == pytest.approx(expected, rel=1e-9)
+
+
+def test_breakdown_reports_bounds():
+    cm = CostModel(load_device("a10g"), load_shape("paper-100m"))
+    rows = {r["op"]: r for r in cm.breakdown(32768, 1)}
+    assert rows["unembedding"]["bound"] == "memory"  # B = 1 is far below the ridge point
+    big = {r["op"]: r for r in cm.breakdown(32768, 4096)}
+    assert big["unembedding"]["bound"] == "compute"
+    for r in rows.values():
+        assert r["t"] == max(r["t_math"], r["t_mem"])
+
+
+vocab_st = st.integers(min_value=1024, max_value=2**21)
+device_st = st.sampled_from(sorted(BUILTIN_DEVICES))
+shape_st = st.sampled_from(sorted(BUILTIN_SHAPES))
+
+
+@given(vocab_st, st.integers(2, 16), device_st, shape_st)
+def test_unembedding_time_linear_in_vocab_at_batch_one(v, factor, device, shape):
+    cm = CostModel(load_device(device), load_shape(shape))
+    t = lambda vv: cm.decode_times(float(vv), 1.0, 100.0, xp=PyMath)["unembedding"].t  # noqa: E731
+    assert t(v * factor) == pytest.approx(factor * t(v), rel=1e-9)
+
+
+@given(vocab_st, device_st, shape_st, st.booleans())
+def test_per_sequence_unembedding_cost_falls_with_batch_until_ridge(v, device, shape, fused):
+    dev = load_device(device)
+    cm = CostModel(dev, load_shape(shape), Settings(fused_logits=fused))
+    per_seq = [
+        cm.decode_times(float(v), float(b), 100.0, xp=PyMath)["unembedding"].t / b
+        for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+    ]
+    ridge = dev.ridge_point("bf16")
+    batches = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+    for (_, c0), (b1, c1) in zip(zip(batches, per_seq), zip(batches[1:], per_seq[1:])):
+        assert c1 <= c0 * (1 + 1e-12)  # never rises
+        if b1 <= ridge:
+            assert c1 < c0  # strictly amortized below the ridge point
+    floor = 2 * v * cm.shape.d_model / cm.peak  # compute-bound: the V x D read fully amortized
+    assert per_seq[-1] >= floor * (1 - 1e-12)
+    if fused:  # intensity ~ B, so B = 2048 is past every builtin ridge point
+        assert per_seq[-1] == pytest.approx(floor, rel=1e-9)
+
+
+@given(vocab_st, st.integers(1, 512), device_st, st.sampled_from([2.0, 10.0, 0.5]))
+def test_costs_are_seconds(v, b, device, k):
+    """Units: making the device k times faster in every ceiling divides every cost by k."""
+    dev = load_device(device)
+    fast = dataclasses.replace(
+        dev,
+        peak_flops={d: p * k for d, p in dev.peak_flops.items()},
+        hbm_bandwidth=dev.hbm_bandwidth * k,
+        launch_overhead_s=dev.launch_overhead_s / k,
+    )
+    shape = load_shape("llama-1b")
+    slow_cm, fast_cm = CostModel(dev, shape), CostModel(fast, shape)
+    for f in ("c_infer", "c_train"):
+        args = (float(v), float(b)) if f == "c_infer" else (float(v),)
+        assert getattr(fast_cm, f)(*args, xp=PyMath) == pytest.approx(
+            getattr(slow_cm, f)(*args, xp=PyMath) / k, rel=1e-9
+        )
+    # and per-byte costs times bytes per step are the step's seconds
+    beta = slow_cm.beta(float(v), xp=PyMath)
+    step = slow_cm.decode_step(
+        float(v), float(b), slow_cm.mean_context(float(v), xp=PyMath), xp=PyMath
+    )
+    assert slow_cm.c_infer(float(v), float(b), xp=PyMath) * b * beta == pytest.approx(
+        step, rel=1e-12
+    )
+
+
+def test_jnp_and_python_agree_on_a_grid():
+    cm = CostModel(load_device("h100-sxm"), load_shape("llama-8b"))
+    vs = jnp.asarray([8192.0, 50257.0, 262144.0])
+    bs = jnp.asarray([1.0, 7.0, 300.0])
+    grid = jax.jit(jax.vmap(jax.vmap(cm.c_infer, (None, 0)), (0, None)))(vs, bs)
+    for i, v in enumerate([8192.0, 50257.0, 262144.0]):
+        for j, b in enumerate([1.0, 7.0, 300.0]):
+            assert float(grid[i, j]) == pytest.approx(cm.c_infer(v, b, xp=PyMath), rel=1e-5)
+
+
+def _measured_profile(d_model=512):
+    rows = []
+    for v in (8192, 32768, 131072):
+        for b in (1, 16, 256):
+            t = 1e-6 * (v / 8192) * (1 + b / 64)
+            rows.append(KernelTiming("greedy", v, b, d_model, "bf16", "chunked", {}, t, 0.5))
+    return dataclasses.replace(load_device("a100-80gb"), best=tuple(rows), measured=True)
+
+
+def test_measured_kernel_times_replace_the_unembedding_roofline():
+    dev = _measured_profile(d_model=512)
+    shape = dataclasses.replace(load_shape("paper-100m"), d_model=1024, n_heads=16, n_kv_heads=16)
+    cm = CostModel(dev, shape)
+    t = cm.decode_times(32768.0, 16.0, 100.0, xp=PyMath)
+    # measured at d=512, scaled by 1024 / 512
+    assert t["unembedding"].t == pytest.approx(2 * 1e-6 * 4 * (1 + 16 / 64), rel=1e-9)
+    assert t["unembedding"].bound == "measured" and t["sampling"].t == 0
+    # between measured points: interpolated in log-log, so between its neighbours
+    mid = cm.decode_times(65536.0, 16.0, 100.0, xp=PyMath)["unembedding"].t
+    hi = cm.decode_times(131072.0, 16.0, 100.0, xp=PyMath)["unembedding"].t
+    assert t["unembedding"].t < mid < hi
+    jit_mid = float(
+        cm.decode_times(jnp.float32(65536.0), jnp.float32(16.0), 100.0)["unembedding"].t
+    )
+    assert jit_mid == pytest.approx(mid, rel=1e-5)

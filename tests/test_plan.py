@@ -1,0 +1,117 @@
+"""Mixed-workload plans: single V, nested heads, routes, policy JSON."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from vocabjax.costmodel import CostModel, Settings
+from vocabjax.errors import UserError
+from vocabjax.hardware import load_device
+from vocabjax.lifecycle import DEFAULT_VOCAB
+from vocabjax.plan import make_plan, parse_workload, policy_json, subset_masks
+from vocabjax.shapes import load_shape
+from vocabjax.xp import PyMath
+
+WORKLOAD = "edge:b=1:share=0.5,dc:b=256:share=0.5"
+
+
+def _model(**kw):
+    return CostModel(load_device("a100-80gb"), load_shape("paper-1.5b"), Settings(**kw))
+
+
+def test_parse_workload():
+    classes = parse_workload("edge:b=1:share=0.25,dc:b=256:share=0.75:in=100:out=50")
+    assert [(c.name, c.batch, c.share) for c in classes] == [("edge", 1, 0.25), ("dc", 256, 0.75)]
+    assert classes[1].prompt_bytes == 100 and classes[1].output_bytes == 50
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("", "workload is empty"),
+        ("edge:b=1:share=0.5", "shares sum to 0.5"),
+        ("edge:b=1", "needs both b= and share="),
+        ("edge:b=0:share=1", "must be positive"),
+        ("edge:b=1:share=x", "is not a number"),
+        ("edge:q=1:share=1", "is not b=N"),
+        ("a:b=1:share=0.5,a:b=2:share=0.5", "must be unique"),
+        (":b=1:share=1", "needs a name first"),
+    ],
+)
+def test_bad_workloads(text, message):
+    with pytest.raises(UserError, match=message):
+        parse_workload(text)
+
+
+def test_subset_masks_enumerate_every_set_fewest_heads_first():
+    m = subset_masks(5, 3)
+    assert len(m) == 5 + 10 + 10
+    sizes = m.sum(axis=1)
+    assert (np.diff(sizes) >= 0).all()
+    assert len({tuple(r) for r in m}) == len(m)
+    with pytest.raises(UserError, match="max_heads must be >= 1"):
+        subset_masks(5, 0)
+
+
+def test_plan_against_brute_force():
+    cm = _model()
+    classes = parse_workload(WORKLOAD)
+    lam = 100.0
+    p = make_plan(cm, DEFAULT_VOCAB, classes, lam, max_heads=3)
+    ct = {v: cm.c_train(float(v), xp=PyMath) for v in DEFAULT_VOCAB}
+    ci = {
+        (v, c.batch): cm.c_infer(float(v), float(c.batch), xp=PyMath)
+        for v in DEFAULT_VOCAB
+        for c in classes
+    }
+    single = {
+        v: ct[v] + lam * sum(c.share * ci[v, c.batch] for c in classes) for v in DEFAULT_VOCAB
+    }
+    assert DEFAULT_VOCAB[p.single] == min(single, key=single.get)
+    assert p.single_cost == pytest.approx(min(single.values()), rel=1e-5)
+    best = None
+    for k in (1, 2, 3):
+        for s in itertools.combinations(DEFAULT_VOCAB, k):
+            j = sum(c.share * min(ct[h] + lam * ci[h, c.batch] for h in s) for c in classes)
+            used = {min(s, key=lambda h: ct[h] + lam * ci[h, c.batch]) for c in classes}
+            if used == set(s) and (best is None or j < best[0] * (1 - 1e-6)):
+                best = (j, s)
+    assert tuple(DEFAULT_VOCAB[i] for i in p.heads) == best[1]
+    assert p.heads_cost == pytest.approx(best[0], rel=1e-5)
+    assert p.heads_cost <= p.single_cost * (1 + 1e-6)
+
+
+def test_single_class_plan_is_one_head_and_matches_sweep():
+    from vocabjax.lifecycle import Grid, sweep
+
+    cm = _model()
+    p = make_plan(cm, DEFAULT_VOCAB, parse_workload("dc:b=64:share=1"), 10.0)
+    assert len(p.heads) == 1 and p.heads[0] == p.single
+    res = sweep(cm, Grid(batch=(64,), lam=(10.0,)))
+    assert res.v_star[0, 0] == p.single
+
+
+def test_policy_json_routes_every_batch():
+    cm = _model()
+    p = make_plan(cm, DEFAULT_VOCAB, parse_workload(WORKLOAD), 100.0)
+    pol = policy_json(p, cm, max_heads=3)
+    assert pol["schema"] == 1 and pol["kind"] == "policy"
+    assert set(r["head"] for r in pol["batch_routes"]) <= set(pol["heads"])
+    assert pol["batch_routes"][-1]["max_batch"] is None
+    maxes = [r["max_batch"] for r in pol["batch_routes"][:-1]]
+    assert maxes == sorted(maxes)
+    assert {r["name"] for r in pol["routes"]} == {"edge", "dc"}
+    for r in pol["routes"]:
+        assert r["head"] in pol["heads"]
+    assert [r["vocab"] for r in pol["kv_plan"]] == list(DEFAULT_VOCAB)
+    assert any(r["lam"] == "never" for r in pol["break_even"]) or all(
+        isinstance(r["lam"], float) for r in pol["break_even"]
+    )
+
+
+def test_lambda_zero_plan_is_the_training_optimum():
+    cm = _model()
+    p = make_plan(cm, DEFAULT_VOCAB, parse_workload(WORKLOAD), 0.0)
+    assert p.single == p.v_train == int(np.argmin(p.c_train))
+    assert p.heads == (p.v_train,)
