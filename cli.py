@@ -24,11 +24,12 @@ from vocabjax.lifecycle import (
     Grid,
     Quality,
     break_even_rows,
+    check_grid_fits,
     sweep_rows,
 )
 from vocabjax.lifecycle import sweep as sweep_grid
 from vocabjax.plan import make_plan, parse_workload, policy_json
-from vocabjax.plots import plot_sweep
+from vocabjax.plots import check_plot_path, plot_sweep
 from vocabjax.profiles import atomic_write_json
 from vocabjax.shapes import BUILTIN_SHAPES, DEFAULT_MODEL, load_shape
 from vocabjax.trainprofile import load_training
@@ -282,8 +283,11 @@ def sweep(devices, models, vocab, batch, lam, plot, show_break_even, fmt, **kw):
         python cli.py sweep --device a10g --device h100-sxm --model llama-8b --format markdown
         python cli.py sweep --cost-model weights-only --plot vstar.png
     """
-    built, quality, curve = _build_models(devices, models, **kw)
+    if plot:
+        check_plot_path(plot)
     grid = Grid(vocab=tuple(vocab), batch=tuple(batch), lam=tuple(lam))
+    check_grid_fits(grid)
+    built, quality, curve = _build_models(devices, models, **kw)
     _curve_note(curve, grid.vocab)
     runs = [(cm, sweep_grid(cm, grid, cap_batch=kw["cap_batch"], quality=quality)) for cm in built]
     if plot:
