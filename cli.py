@@ -427,6 +427,252 @@ def plan(devices, models, vocab, workload, lam, max_heads, out, fmt, **kw):
 
 # ---- tokenizers: tokenizer train / measure / prune ------------------------------------------
 
+
+@main.group("tokenizer", context_settings=CONTEXT)
+def tokenizer_group() -> None:
+    """Train nested BPE tokenizers, measure their compression, prune them.
+
+    \b
+    Example:
+        python cli.py tokenizer train --corpus builtin --vocab 8k,16k,32k --out tok
+        python cli.py tokenizer measure --tokenizer tok --corpus builtin --out compression.json
+        python cli.py sweep --compression compression.json
+        python cli.py tokenizer prune --tokenizer tok --corpus builtin --vocab 4k --out tok-4k
+    """
+
+
+def _corpus_options(split: str):
+    """--corpus and how to read it; ``split`` is the command's default part."""
+
+    def decorate(f):
+        from vocabjax.corpus import BUILTIN_MAX_BYTES, SPLITS
+
+        options = [
+            click.option(
+                "--corpus",
+                "corpus_spec",
+                required=True,
+                metavar="PATH|builtin",
+                help="A file, directory or glob of .txt/.jsonl/.parquet (also .gz/.zst), "
+                "or 'builtin': Python's standard library (code-heavy text).",
+            ),
+            click.option(
+                "--field",
+                default="text",
+                show_default=True,
+                help="Text field of .jsonl records and column of .parquet files.",
+            ),
+            click.option(
+                "--split",
+                type=click.Choice(SPLITS),
+                default=split,
+                show_default=True,
+                help="Documents to use: the train or held-out part (by document hash), or all.",
+            ),
+            click.option(
+                "--held-out",
+                type=click.FloatRange(0, 1),
+                default=0.1,
+                show_default=True,
+                help="Fraction of documents in the held-out part.",
+            ),
+            click.option(
+                "--max-bytes",
+                type=Size(),
+                default=None,
+                help="Read at most this much text before the split, e.g. 64m [default: "
+                f"all; {render.human_size(BUILTIN_MAX_BYTES)} for builtin].",
+            ),
+        ]
+        for option in reversed(options):
+            f = option(f)
+        return f
+
+    return decorate
+
+
+def _open_corpus(corpus_spec, field, held_out, max_bytes):
+    from vocabjax.corpus import default_max_bytes, open_corpus
+
+    if max_bytes is None:
+        max_bytes = default_max_bytes(corpus_spec)
+    return open_corpus(corpus_spec, field=field, held_out=held_out, max_bytes=max_bytes)
+
+
+@tokenizer_group.command("train", context_settings=CONTEXT)
+@_corpus_options("train")
+@click.option(
+    "--vocab",
+    type=SizeList(),
+    required=True,
+    help="Level sizes, e.g. 8k,32k,262k: one training at the largest, the rest cut.",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    required=True,
+    help="Output directory: manifest.json and v<V>/tokenizer.json per level.",
+)
+@click.option(
+    "--special",
+    "specials",
+    multiple=True,
+    default=["<|endoftext|>"],
+    show_default=True,
+    help="Special token (ids 0..); repeatable.",
+)
+@format_option
+def tokenizer_train(corpus_spec, field, split, held_out, max_bytes, vocab, out, specials, fmt):
+    """Train one byte-level BPE at the largest size and cut every smaller level from it.
+
+    \b
+    Example:
+        python cli.py tokenizer train --corpus builtin --vocab 8k,16k,32k --out tok
+        python cli.py tokenizer train --corpus 'data/*.jsonl.zst' --vocab 32k,262k --out tok
+    """
+    from vocabjax.vocab import check_vocab_sizes, save_nested, train_nested
+
+    check_vocab_sizes(vocab, specials)
+    corpus = _open_corpus(corpus_spec, field, held_out, max_bytes)
+    log(f"corpus: {corpus.describe(split)}")
+    nested = train_nested(
+        corpus.texts(split, progress=log), vocab, specials=specials, progress=log
+    )
+    source = f"tokenizer train --corpus {corpus_spec} --vocab {','.join(map(str, vocab))}"
+    manifest = save_nested(nested, out, corpus=corpus.describe(split), source=source)
+    log(f"wrote {len(manifest['levels'])} level(s) to {out}")
+    if fmt == "json":
+        emit(render.json_text(manifest))
+    else:
+        emit(render.rows(manifest["levels"], fmt))
+
+
+@tokenizer_group.command("measure", context_settings=CONTEXT)
+@click.option(
+    "--tokenizer",
+    "specs",
+    multiple=True,
+    required=True,
+    metavar="DIR|FILE",
+    help="A level directory, a tokenizer.json (or its directory), or a tiktoken BPE "
+    "rank file; repeatable.",
+)
+@_corpus_options("heldout")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False),
+    help="Write the compression profile here (for sweep --compression).",
+)
+@format_option
+def tokenizer_measure(specs, corpus_spec, field, split, held_out, max_bytes, out, fmt):
+    """Bytes and characters per token of each tokenizer on a corpus (held-out part by default).
+
+    \b
+    Example:
+        python cli.py tokenizer measure --tokenizer tok --corpus builtin --out compression.json
+        python cli.py tokenizer measure --tokenizer a/tokenizer.json \\
+            --tokenizer cl100k_base.tiktoken --corpus docs/ --split all --format json
+    """
+    from vocabjax.profiles import atomic_write_json
+    from vocabjax.vocab import compression_profile, curve_notes, load_tokenizers, measure
+
+    tokenizers = [t for spec in specs for t in load_tokenizers(spec)]
+    corpus = _open_corpus(corpus_spec, field, held_out, max_bytes)
+    label = corpus.describe(split)
+    log(f"corpus: {label}; {len(tokenizers)} tokenizer(s)")
+    points = measure(tokenizers, corpus.texts(split), progress=log)
+    source = "tokenizer measure " + " ".join(f"--tokenizer {s}" for s in specs)
+    source += f" --corpus {corpus_spec} --split {split}"
+    profile = compression_profile(points, corpus=label, source=source)
+    notes = curve_notes(points)
+    if notes:
+        profile["notes"] = notes
+    if out:
+        atomic_write_json(out, profile)
+        log(f"wrote compression profile {out}")
+    for note in notes:
+        log(f"Note: {note}")
+    if fmt == "json":
+        emit(render.json_text(profile))
+        return
+    rows = [
+        {
+            "vocab": p.vocab,
+            "bytes_per_token": p.bytes_per_token,
+            "chars_per_token": p.chars_per_token,
+            "ci95_lo": p.ci95[0],
+            "ci95_hi": p.ci95[1],
+            "tokens": p.tokens,
+            "bytes": p.bytes,
+            "documents": p.documents,
+            "tokenizer": p.tokenizer,
+        }
+        for p in points
+    ]
+    if fmt != "csv":
+        emit(f"corpus: {label}")
+    emit(render.rows(rows, fmt))
+
+
+@tokenizer_group.command("prune", context_settings=CONTEXT)
+@click.option(
+    "--tokenizer",
+    "spec",
+    required=True,
+    metavar="DIR|FILE",
+    help="Source: a level directory (its largest level), a tokenizer.json or a rank file.",
+)
+@_corpus_options("all")
+@click.option(
+    "--vocab", type=Size(), required=True, help="Exact size of the pruned tokenizer, e.g. 32k."
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    required=True,
+    help="Output directory: tokenizer.json and id_map.json (new id -> source id).",
+)
+@format_option
+def tokenizer_prune(spec, corpus_spec, field, split, held_out, max_bytes, vocab, out, fmt):
+    """Prune a byte-level BPE to exactly N tokens, keeping those most used on a corpus.
+
+    A kept token keeps the merges that build it; a dropped one takes every merge that makes or
+    uses it. Embedding rows follow id_map.json: w_new = w_old[new_to_old].
+
+    \b
+    Example:
+        python cli.py tokenizer prune --tokenizer tok --corpus builtin --vocab 4k --out tok-4k
+    """
+    from vocabjax.vocab import load_largest, prune_to_dir
+
+    source = load_largest(spec)
+    corpus = _open_corpus(corpus_spec, field, held_out, max_bytes)
+    label = corpus.describe(split)
+    log(f"pruning {source.path} ({source.vocab} tokens) to {vocab} on {label}")
+    meta = prune_to_dir(
+        source, corpus.texts(split, progress=log), vocab, out, corpus=label, progress=None
+    )
+    log(f"wrote {out}/tokenizer.json and {out}/id_map.json")
+    if fmt == "json":
+        emit(render.json_text(meta))
+    else:
+        emit(
+            render.rows(
+                [meta],
+                fmt,
+                columns=[
+                    "source",
+                    "source_vocab",
+                    "vocab",
+                    "merges",
+                    "kept_by_use",
+                    "kept_to_fill",
+                    "corpus_tokens",
+                ],
+            )
+        )
+
+
 # ---- kernels: autotune ----------------------------------------------------------------------
 
 
