@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import weakref
 from collections.abc import Sequence
 
 import jax
@@ -197,6 +198,18 @@ def _objective_fn(model: CostModel, *, cap_batch: bool, quality: Quality | None)
     return run
 
 
+_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _jitted(model: CostModel, cap_batch: bool, quality: Quality | None):
+    """One jitted grid function per (model, options), so repeated sweeps reuse the executable."""
+    per_model = _COMPILED.setdefault(model, {})
+    key = (cap_batch, quality)
+    if key not in per_model:
+        per_model[key] = jax.jit(_objective_fn(model, cap_batch=cap_batch, quality=quality))
+    return per_model[key]
+
+
 def sweep(
     model: CostModel,
     grid: Grid = Grid(),
@@ -215,7 +228,7 @@ def sweep(
         valid[-pad:] = False
     b = np.asarray(grid.batch, np.float32)
     lam = np.asarray(grid.lam, np.float32)
-    fn = jax.jit(_objective_fn(model, cap_batch=cap_batch, quality=quality))
+    fn = _jitted(model, cap_batch, quality)
     if n > 1:
         mesh = Mesh(np.asarray(devices), ("v",))
         shard = NamedSharding(mesh, PartitionSpec("v"))
