@@ -1,0 +1,277 @@
+"""Regenerate docs/paper_claims.md: each claim of the source paper beside what the simulator gives.
+
+    python sims/paper_claims.py
+
+The claims are the paper's (DESIGN.md); every "simulator" number is computed here from the
+library, in both cost modes, and the verdict sentence is decided by comparing the two, never
+typed in. Claims about trained quality (BPB) need `python cli.py train`, which the simulator
+cannot stand in for; they are listed as not testable by the simulator.
+"""
+
+from __future__ import annotations
+
+import _common  # noqa: F401
+import numpy as np
+from _common import write_doc
+
+from vocabjax.compression import DEFAULT_CURVE
+from vocabjax.costmodel import CostModel, Settings
+from vocabjax.hardware import load_device
+from vocabjax.lifecycle import Grid, sweep
+from vocabjax.render import human_size, markdown
+from vocabjax.shapes import load_shape
+
+MODES = ("weights-only", "full")
+PAPER_MODELS = ("paper-100m", "paper-1.5b", "paper-2.3b")
+VOCAB = (8192, 16384, 32768, 65536, 131072, 262144, 524288)
+K = 1024
+
+
+def model(dev, shape, mode):
+    return CostModel(load_device(dev), load_shape(shape), Settings(mode=mode))
+
+
+def hs(v):
+    return "-" if v is None else human_size(v)
+
+
+def verdict(ok: bool) -> str:
+    return "**agrees**" if ok else "**does not agree**"
+
+
+def summary(rows, key="agrees") -> str:
+    yes = [r for r in rows if r[key] == "yes"]
+    if not yes:
+        return f"The simulator {verdict(False)} in any of the {len(rows)} rows."
+    if len(yes) == len(rows):
+        return f"The simulator {verdict(True)} in all {len(rows)} rows."
+    where = "; ".join(
+        ", ".join(str(r[k]) for k in ("mode", "device", "model") if k in r) for r in yes
+    )
+    return (
+        f"The simulator agrees in {len(yes)} of {len(rows)} rows ({where}) and not in the others."
+    )
+
+
+def claim_inference_optimal():
+    rows = []
+    for mode in MODES:
+        for dev in ("a10g", "a100-paper"):
+            for shape in PAPER_MODELS:
+                res = sweep(model(dev, shape, mode), Grid(VOCAB, (1, 64, 128, 256), (1.0,)))
+                v1 = res.vocab_at(res.v_infer[0])
+                big = [res.vocab_at(i) for i in res.v_infer[1:]]
+                ok = v1 == 32 * K and all(v == 512 * K for v in big)
+                rows.append(
+                    {
+                        "mode": mode,
+                        "device": dev,
+                        "model": shape,
+                        "V_inf B=1": hs(v1),
+                        "B=64": hs(big[0]),
+                        "B=128": hs(big[1]),
+                        "B=256": hs(big[2]),
+                        "agrees": "yes" if ok else "no",
+                    }
+                )
+    return (
+        "**Claim.** Inference-optimal V moves from 32k at B = 1 to 524k at B >= 64 on A10G "
+        "(ridge ~117 FLOP/byte) and A100 (~183).\n\n"
+        + markdown(rows)
+        + "\n\n"
+        + summary(rows)
+        + " In the weights-only model a large batch makes the backbone and the head compute-bound, "
+        "so the per-byte cost is 2 (N_nv + V D) / (P beta(V)), the training FLOP rule again, and V "
+        "falls back towards the training optimum; the B x V logits traffic pushes the same way. "
+        "Only the full model, where the per-sequence KV-cache read shrinks with beta(V), moves V up "
+        "with B."
+    )
+
+
+def claim_ridge_points():
+    rows = []
+    for dev, paper in (("a10g", 117), ("a100-paper", 183), ("a100-40gb", 183), ("a100-80gb", 183)):
+        r = load_device(dev).ridge_point("bf16")
+        rows.append(
+            {
+                "profile": dev,
+                "ridge (FLOP/byte)": f"{r:.1f}",
+                "paper": paper,
+                "within 2%": "yes" if abs(r - paper) / paper < 0.02 else "no",
+            }
+        )
+    return (
+        "**Claim.** Ridge points of about 117 (A10G) and 183 (A100) FLOP/byte.\n\n"
+        + markdown(rows)
+        + "\n\nThe A10G datasheet gives 117 directly. No A100 datasheet part gives 183 (the 40 GB "
+        "part gives 201, the 80 GB part 153), so `a100-paper` derives its bandwidth from the "
+        "paper's ridge point; the datasheet profiles are kept beside it."
+    )
+
+
+def claim_lambda_zero_and_up():
+    rows = []
+    batches = (1, 4, 16, 64, 256)
+    for mode in MODES:
+        for shape in PAPER_MODELS:
+            res = sweep(model("a100-paper", shape, mode), Grid(VOCAB, batches, (0.0, 1.0)))
+            v0 = {res.vocab_at(i) for i in res.v_star[:, 0]}
+            v1 = [res.vocab_at(i) for i in res.v_star[:, 1]]
+            up = all(a > res.grid.vocab[res.v_train] for a in v1)
+            rows.append(
+                {
+                    "mode": mode,
+                    "model": shape,
+                    "V* at lam=0 (all B)": ", ".join(hs(v) for v in sorted(v0)),
+                    **{f"lam=1 B={b}": hs(v) for b, v in zip(batches, v1)},
+                    "16k at lam=0": "yes" if v0 == {16 * K} else "no",
+                    "lam=1 moves up at every B": "yes" if up else "no",
+                }
+            )
+    return (
+        "**Claim.** At lambda = 0 V* = 16k whatever B; any lambda >= 1 moves V* up (A100).\n\n"
+        + markdown(rows)
+        + "\n\n"
+        + "V* = 16k at lambda = 0: "
+        + summary(rows, "16k at lam=0")
+        + " lambda = 1 moves V* above the training optimum at every B: "
+        + summary(rows, "lam=1 moves up at every B")
+        + " That lambda = 0 gives one V* for every B holds by construction (J = c_train)."
+    )
+
+
+def claim_lambda_for_262k():
+    lams = tuple(float(x) for x in np.geomspace(0.01, 1e5, 141))
+    rows = []
+    for mode in MODES:
+        for shape in PAPER_MODELS:
+            res = sweep(model("a100-paper", shape, mode), Grid(VOCAB, (256,), lams))
+            reach = [x for li, x in enumerate(lams) if res.vocab_at(res.v_star[0, li]) >= 256 * K]
+            need = reach[0] if reach else None
+            rows.append(
+                {
+                    "mode": mode,
+                    "model": shape,
+                    "smallest lambda with V* >= 262k at B=256": "never (up to 1e5)"
+                    if need is None
+                    else f"{need:.3g}",
+                    "agrees": "yes" if need is not None and 50 <= need <= 200 else "no",
+                }
+            )
+    return (
+        "**Claim.** At B = 256 reaching V* = 262k needs lambda >= 100 (A100).\n\n"
+        + markdown(rows)
+        + "\n\n"
+        + summary(rows)
+        + " (A row agrees when the threshold lies within 50..200.)"
+    )
+
+
+def claim_training_throughput():
+    rows = []
+    for mode in MODES:
+        cm = model("a100-paper", "paper-100m", mode)
+        ratio = cm.train_flops_per_token(262144.0) / cm.train_flops_per_token(8192.0)
+        rows.append(
+            {"mode": mode, "roofline tokens/s ratio 8k / 262k": f"{ratio:.2f}", "paper": "2.4"}
+        )
+    ok = any(abs(float(r["roofline tokens/s ratio 8k / 262k"]) - 2.4) / 2.4 < 0.15 for r in rows)
+    return (
+        "**Claim.** Training throughput falls 2.4x from V = 8k to 262k at 100M parameters.\n\n"
+        + markdown(rows)
+        + f"\n\nThe FLOP roofline {verdict(ok)} within 15%: the head's "
+        "6 V D FLOPs per token at 262k outweigh the backbone of `paper-100m` (85M non-embedding "
+        "weights). A measured training profile (`train`, not yet built) is the real test; the "
+        "roofline ignores the head's softmax and memory traffic."
+    )
+
+
+def claim_sequence_and_cost():
+    cut = 1 - DEFAULT_CURVE.beta(32768.0) / DEFAULT_CURVE.beta(262144.0)
+    rows = []
+    for mode in MODES:
+        for dev in ("a10g", "a100-paper"):
+            for shape in PAPER_MODELS:
+                cm = model(dev, shape, mode)
+                r = cm.c_infer(32768.0, 256.0) / cm.c_infer(262144.0, 256.0)
+                rows.append(
+                    {
+                        "mode": mode,
+                        "device": dev,
+                        "model": shape,
+                        "c_infer(32k) / c_infer(262k), B=256": f"{float(r):.2f}",
+                    }
+                )
+    ratios = [float(r["c_infer(32k) / c_infer(262k), B=256"]) for r in rows]
+    full = [x for r, x in zip(rows, ratios) if r["mode"] == "full"]
+    return (
+        "**Claim.** 32k -> 262k cuts sequence length about 20% and per-byte inference cost about 2x "
+        "at datacenter batch.\n\n"
+        f"Sequence length: the default compression curve gives {100 * float(cut):.1f}% fewer tokens "
+        f"from 32k to 262k, so {verdict(abs(float(cut) - 0.20) < 0.05)} (within 5 points of 20%); "
+        "a measured curve (`tokenizer measure`) may differ.\n\n" + markdown(rows) + "\n\n"
+        f"Per-byte cost at B = 256: the full model gives {min(full):.2f}..{max(full):.2f}x, "
+        f"{verdict(all(1.6 <= x <= 2.5 for x in full))} with 'about 2x' (taken as 1.6..2.5x); "
+        "weights-only gives "
+        f"{min(x for r, x in zip(rows, ratios) if r['mode'] == 'weights-only'):.2f}.."
+        f"{max(x for r, x in zip(rows, ratios) if r['mode'] == 'weights-only'):.2f}x."
+    )
+
+
+def claim_shared_backbone():
+    rows = []
+    for shape in PAPER_MODELS:
+        m = load_shape(shape)
+        for heads in (
+            (16 * K, 64 * K, 256 * K),
+            (32 * K, 256 * K),
+            (8 * K, 32 * K, 128 * K, 512 * K),
+        ):
+            separate = sum(m.n_params(v) for v in heads)
+            shared_prefix = m.n_nonembedding + 2 * max(heads) * m.d_model
+            shared_own = m.n_nonembedding + max(heads) * m.d_model + sum(heads) * m.d_model
+            rows.append(
+                {
+                    "model": shape,
+                    "heads": ", ".join(hs(v) for v in heads),
+                    "saving, prefix heads": f"{100 * (1 - shared_prefix / separate):.0f}%",
+                    "saving, own heads": f"{100 * (1 - shared_own / separate):.0f}%",
+                }
+            )
+    return (
+        "**Claim.** A shared backbone with several heads saves 30% of parameters against separate "
+        "models.\n\nParameter counts from the shapes (untied embeddings; 'prefix heads' share W[:V_j], "
+        "'own heads' keep one matrix per level):\n\n"
+        + markdown(rows)
+        + "\n\nThe saving depends on "
+        "the number of heads and the share of embedding weights; the paper does not name its head set, "
+        "so no verdict is drawn: read off the row that matches a deployment."
+    )
+
+
+def main() -> None:
+    body = "\n\n".join(
+        [
+            "Every simulator figure below is computed by this script from the library (datasheet "
+            "or paper-stated device profiles, builtin shapes, the default compression curve); the "
+            "paper's numbers are the claims as DESIGN.md quotes them. Where they disagree, that is "
+            "a finding of the model, reported as it is.",
+            "## Ridge points\n\n" + claim_ridge_points(),
+            "## Inference-optimal V against batch\n\n" + claim_inference_optimal(),
+            "## Lifecycle V* at lambda = 0 and lambda >= 1\n\n" + claim_lambda_zero_and_up(),
+            "## lambda needed for 262k at B = 256\n\n" + claim_lambda_for_262k(),
+            "## Training throughput across V\n\n" + claim_training_throughput(),
+            "## Sequence length and per-byte cost, 32k -> 262k\n\n" + claim_sequence_and_cost(),
+            "## Shared backbone, several heads\n\n" + claim_shared_backbone(),
+            "## Not testable by the simulator\n\n"
+            "- BPB spread under 2% across 8k-262k at 100M and 1.3-2.3B, best V 16k at 100M and "
+            "65k at 1.5B: needs trained models (`python cli.py train`, not built yet).\n"
+            "- Pruning a 262k vocabulary to 32k beats training at 32k by 5% BPB: needs training; "
+            "the compression side of pruning is measured by `sims/compression.py`.",
+        ]
+    )
+    write_doc("paper_claims.md", "The paper's claims against the simulator", body)
+
+
+if __name__ == "__main__":
+    main()
