@@ -157,8 +157,8 @@ def _no_leftovers(directory):
         (
             ("junk.txt", bytes(range(128, 256)) * 16),
             ["--corpus", "{d}/junk.txt", "--vocab", "1k"],
-            "Error: {d}/junk.txt is not UTF-8 text (invalid start byte); a corpus is UTF-8 .txt, "
-            ".jsonl or .parquet",
+            "Error: corpus '{d}/junk.txt' holds no text (1 file(s) skipped, first: {d}/junk.txt is "
+            "not UTF-8 text (invalid start byte); a corpus is UTF-8 .txt, .jsonl or .parquet)",
         ),
         (
             None,
@@ -187,10 +187,18 @@ def test_train_errors(tmp_path, setup, args, line):
     assert _no_leftovers(tmp_path) == []
 
 
+def _error_line(*args: str) -> str:
+    """The last stderr line of a command that must fail with exit code 1."""
+    result = run(*args)
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    return result.stderr.strip().splitlines()[-1]
+
+
 def test_measure_and_prune_errors(trained, tmp_path):
     out, _ = trained
     (tmp_path / "bad.json").write_text('{"model": {"type": "BPE"', encoding="utf-8")
-    result = run(
+    line = _error_line(
         "tokenizer",
         "measure",
         "--tokenizer",
@@ -199,48 +207,21 @@ def test_measure_and_prune_errors(trained, tmp_path):
         "--out",
         str(tmp_path / "out"),
     )
-    assert result.exit_code == 1
-    assert (
-        result.stderr.strip()
-        .splitlines()[-1]
-        .startswith(f"Error: {tmp_path}/bad.json is not a tokenizer.json HF tokenizers can load (")
+    assert line.startswith(
+        f"Error: {tmp_path}/bad.json is not a tokenizer.json HF tokenizers can load ("
     )
-    result = run(
-        "tokenizer",
-        "prune",
-        "--tokenizer",
-        str(out),
-        *SMALL,
-        "--vocab",
-        "4k",
-        "--out",
-        str(tmp_path / "out"),
-    )
-    assert result.exit_code == 1
-    assert result.stderr.strip().splitlines()[-1] == (
+    prune = ("tokenizer", "prune", "--tokenizer", str(out), *SMALL, "--out", str(tmp_path / "out"))
+    assert _error_line(*prune, "--vocab", "4k") == (
         f"Error: --vocab 4096 is above the source's 2000 tokens ({out}/v2000/tokenizer.json); "
         "pruning only removes tokens"
     )
-    result = run(
-        "tokenizer",
-        "prune",
-        "--tokenizer",
-        str(out),
-        *SMALL,
-        "--vocab",
-        "100",
-        "--out",
-        str(tmp_path / "out"),
-    )
-    assert result.exit_code == 1
-    assert result.stderr.strip().splitlines()[-1] == (
+    assert _error_line(*prune, "--vocab", "100") == (
         "Error: --vocab 100 must be >= 257 (the 256-token byte alphabet + 1 special token(s))"
     )
-    result = run(
+    line = _error_line(
         "tokenizer", "measure", "--tokenizer", str(out), "--corpus", "builtin", "--max-bytes", "2k"
     )
-    assert result.exit_code == 1
-    assert result.stderr.strip().splitlines()[-1].startswith("Error: the heldout part")
+    assert line.startswith("Error: the heldout part of corpus 'builtin' is empty")
     assert _no_leftovers(tmp_path) == []
 
 

@@ -141,11 +141,18 @@ def test_empty_corpus_and_empty_split(tmp_path):
 
 def test_binary_junk(tmp_path):
     (tmp_path / "junk.txt").write_bytes(os.urandom(4096))
-    with pytest.raises(UserError, match="is not UTF-8 text"):
+    with pytest.raises(
+        UserError, match=r"holds no text \(1 file\(s\) skipped, first: .*junk.txt is"
+    ):
         list(open_corpus(tmp_path / "junk.txt").documents())
     (tmp_path / "nul.txt").write_bytes(b"abc\x00\x00\x00def" * 10)
-    with pytest.raises(UserError, match="looks like binary data"):
+    with pytest.raises(UserError, match="nul.txt looks like binary data"):
         list(open_corpus(tmp_path / "nul.txt").documents())
+    # in a corpus of several files, a file that is not text is skipped and reported
+    (tmp_path / "good.txt").write_text("good text\n", encoding="utf-8")
+    skipped = []
+    docs = list(open_corpus(str(tmp_path / "*.txt")).documents(on_skip=skipped.append))
+    assert docs == ["good text\n"] and len(skipped) == 2
     (tmp_path / "junk.jsonl.gz").write_bytes(b"not gzip at all")
     with pytest.raises(UserError, match="is not a valid .gz file"):
         list(open_corpus(tmp_path / "junk.jsonl.gz").documents())

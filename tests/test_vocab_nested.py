@@ -108,3 +108,9 @@ def test_vocab_larger_than_the_corpus_can_reach():
     with pytest.raises(UserError, match=r"reaches only vocab=2\d\d of the requested 5000") as exc:
         train_nested(["hello hello world"] * 3, [300, 5000])
     assert "merges" in str(exc.value) and "--vocab <=" in str(exc.value)
+
+
+def test_stop_short_keeps_the_reachable_levels():
+    n = train_nested(["hello hello world"] * 3, [260, 300, 5000], stop_short=True)
+    assert n.vocab_sizes == (260,) and n.unreached == (300, 5000)
+    assert len(n.level(260)["model"]["vocab"]) == 260

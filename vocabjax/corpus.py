@@ -47,6 +47,10 @@ BUILTIN_MAX_BYTES = 8 * MIB  # the command line's default cap for builtin: a tra
 Progress = Callable[[str], None]
 
 
+class NotText(UserError):
+    """A corpus file that is not UTF-8 text; a corpus skips it, a corpus of only such fails."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Corpus:
     """A corpus as the user named it; iterate its documents with :meth:`texts`."""
@@ -82,14 +86,27 @@ class Corpus:
             return list(_builtin_files())
         return _resolve(self.spec)
 
-    def documents(self, split: Split = "all") -> Iterator[str]:
-        """Every non-empty document of ``split``; fails with a UserError if there is none."""
+    def documents(
+        self, split: Split = "all", on_skip: Callable[[NotText], None] | None = None
+    ) -> Iterator[str]:
+        """Every non-empty document of ``split``; fails with a UserError if there is none.
+
+        A file that is not UTF-8 text (binary, another encoding) is skipped, and reported to
+        ``on_skip``; a corpus with no text left is an error that names the first one.
+        """
         if split not in SPLITS:
             raise UserError(f"split {split!r} must be one of {', '.join(SPLITS)}")
         if not 0.0 <= self.held_out <= 1.0:
             raise UserError(f"held_out={self.held_out} must be in [0, 1]")
         total_docs = total_bytes = kept = 0
-        for text in self._all_documents():
+        skipped: list[NotText] = []
+
+        def skip(exc: NotText) -> None:
+            skipped.append(exc)
+            if on_skip:
+                on_skip(exc)
+
+        for text in self._all_documents(skip):
             data = text.encode("utf-8")
             if self.max_bytes is not None and total_bytes + len(data) > self.max_bytes:
                 if total_docs:
@@ -103,7 +120,13 @@ class Corpus:
                 kept += 1
                 yield text
         if total_docs == 0:
-            raise UserError(f"corpus {self.spec!r} holds no text")
+            why = ""
+            if skipped:
+                why = (
+                    f" ({len(skipped)} file(s) skipped, first: {skipped[0]}; a corpus is UTF-8 "
+                    ".txt, .jsonl or .parquet)"
+                )
+            raise UserError(f"corpus {self.spec!r} holds no text{why}")
         if kept == 0:
             raise UserError(
                 f"the {split} part of corpus {self.spec!r} is empty ({total_docs} document(s) in "
@@ -118,7 +141,7 @@ class Corpus:
         done = docs = 0
         step = 16 * MIB
         next_report = step
-        for text in self.documents(split):
+        for text in self.documents(split, on_skip=lambda exc: progress(f"  skipped {exc}")):
             done += len(text.encode("utf-8"))
             docs += 1
             if done >= next_report:
@@ -127,12 +150,17 @@ class Corpus:
             yield text
         progress(f"  read {done / MIB:.1f} MiB, {docs} documents ({split})")
 
-    def _all_documents(self) -> Iterator[str]:
+    def _all_documents(self, skip: Callable[[NotText], None]) -> Iterator[str]:
         if self.is_builtin:
             yield from _builtin_documents(self.max_document_bytes)
             return
         for path in self.files():
-            yield from read_file(path, field=self.field, max_document_bytes=self.max_document_bytes)
+            try:
+                yield from read_file(
+                    path, field=self.field, max_document_bytes=self.max_document_bytes
+                )
+            except NotText as exc:
+                skip(exc)
 
 
 def open_corpus(
@@ -276,16 +304,14 @@ def read_file(path: Path, *, field: str = "text", max_document_bytes: int = MIB)
             else:
                 yield from _read_text(text_io, path, max_document_bytes)
     except UnicodeDecodeError as exc:
-        raise UserError(
-            f"{path} is not UTF-8 text ({exc.reason}); a corpus is UTF-8 .txt, .jsonl or .parquet"
-        ) from None
+        raise NotText(f"{path} is not UTF-8 text ({exc.reason})") from None
     except _decode_errors() as exc:
         raise UserError(f"{path} is not a valid {compression or 'text'} file ({exc})") from None
 
 
 def _check_not_binary(chunk: str, path: Path) -> None:
     if "\x00" in chunk:
-        raise UserError(f"{path} looks like binary data (it holds NUL bytes), not text")
+        raise NotText(f"{path} looks like binary data (it holds NUL bytes)")
 
 
 def _read_text(f: io.TextIOWrapper, path: Path, max_document_bytes: int) -> Iterator[str]:
@@ -409,5 +435,5 @@ def _builtin_documents(max_document_bytes: int) -> Iterator[str]:
     for path in _builtin_files():
         try:
             yield from read_file(path, max_document_bytes=max_document_bytes)
-        except UserError:
+        except NotText:
             continue  # a few test files are deliberately not UTF-8; skip them, deterministically

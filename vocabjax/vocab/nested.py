@@ -79,6 +79,7 @@ class NestedBPE:
     vocab_sizes: tuple[int, ...]  # sorted level sizes; the last is the largest
     specials: tuple[str, ...]  # special tokens, ids 0..len-1 of every level
     stats: TrainStats
+    unreached: tuple[int, ...] = ()  # requested sizes the corpus could not reach (stop_short)
 
     def level(self, vocab: int) -> dict[str, Any]:
         """The tokenizer.json dict of the level of size ``vocab`` (any size up to the largest)."""
@@ -98,11 +99,13 @@ def train_nested(
     *,
     specials: Sequence[str] = DEFAULT_SPECIALS,
     progress: Callable[[str], None] | None = None,
+    stop_short: bool = False,
 ) -> NestedBPE:
     """Train one byte-level BPE at the largest of ``vocab_sizes`` on ``texts``.
 
     Fails with a UserError when the text cannot reach the largest size (the trainer ran out of
-    pairs to merge), saying how far it got.
+    pairs to merge), saying how far it got; with ``stop_short`` the sizes it could not reach are
+    dropped instead and listed in ``unreached``.
     """
     specials = tuple(specials)
     sizes = check_vocab_sizes(vocab_sizes, specials)
@@ -122,7 +125,10 @@ def train_nested(
     seconds = time.perf_counter() - start
     data = to_json(tokenizer)
     reached = tokenizer.get_vocab_size(with_added_tokens=True)
-    if reached < largest:
+    unreached = tuple(v for v in sizes if v > reached)
+    if unreached and stop_short and len(unreached) < len(sizes):
+        sizes = [v for v in sizes if v <= reached]
+    elif unreached:
         raise UserError(
             f"the corpus reaches only vocab={reached} of the requested {largest}: BPE ran out of "
             f"pairs to merge after {reached - minimum_vocab(specials)} merges "
@@ -139,6 +145,7 @@ def train_nested(
         vocab_sizes=tuple(sizes),
         specials=specials,
         stats=TrainStats(documents=counts[0], bytes=counts[1], seconds=seconds),
+        unreached=unreached,
     )
 
 

@@ -128,24 +128,25 @@ def prune(
     counts = np.asarray(counts, dtype=np.int64)
     if counts.ndim != 1 or counts.shape[0] < source:
         raise ValueError(f"counts has shape {counts.shape}; needs one entry per token ({source})")
+
+    def take(order: Iterable[int]) -> int:
+        """Keep each token of ``order`` with its closure while that fits; how many were kept."""
+        nonlocal n_kept
+        before = n_kept
+        for t in order:
+            if n_kept == vocab:
+                break
+            need = closure(t)
+            if need and n_kept + len(need) <= vocab:
+                kept[need] = True
+                n_kept += len(need)
+        return n_kept - before
+
     by_use = [int(t) for t in np.lexsort((np.arange(source), -counts[:source])) if counts[t] > 0]
-    for t in by_use:
-        if n_kept == vocab:
-            break
-        need = closure(t)
-        if need and n_kept + len(need) <= vocab:
-            kept[need] = True
-            n_kept += len(need)
-    kept_by_use = n_kept - len(base)
+    kept_by_use = take(by_use)
     # Fill the rest in the source's merge order (what training at this size would have added);
     # in that order each token's parts come first, so one pass reaches exactly ``vocab``.
-    for t in sorted(builder, key=builder_rank.__getitem__):
-        if n_kept == vocab:
-            break
-        need = closure(t)
-        if need and n_kept + len(need) <= vocab:
-            kept[need] = True
-            n_kept += len(need)
+    take(sorted(builder, key=builder_rank.__getitem__))
     if n_kept != vocab:
         raise UserError(f"{where}: could only reach {n_kept} closed tokens, not {vocab}")
 
