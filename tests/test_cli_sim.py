@@ -287,3 +287,91 @@ def test_plan_errors(args, line, tmp_path):
     out = run("plan", *args, "--out", str(tmp_path / "p.json"))
     assert out.exit_code == 1 and out.output.strip() == line
     assert not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        ["--prompt-bytes", "100000"],
+        ["--output-bytes", "64"],
+        ["--dtype", "f32"],
+        ["--fused-logits"],
+        ["--include-prefill"],
+        ["--cap-batch"],
+        ["--cost-model", "weights-only"],
+        ["--model", "llama-70b"],
+        ["--device", "l4"],
+    ],
+)
+def test_every_sweep_option_reaches_the_model(option):
+    base = [
+        "sweep",
+        "--vocab",
+        "32k,256k",
+        "--batch",
+        "512",
+        "--lam",
+        "10",
+        "--model",
+        "llama-8b",
+        "--format",
+        "json",
+    ]
+    if option[0] == "--model":
+        base = base[:-4] + base[-2:]
+    default = json.loads(run(*base).stdout)["table"][0]
+    changed = json.loads(run(*base, *option).stdout)["table"][0]
+    keys = ("cost_per_byte", "infer_cost_per_byte", "train_cost_per_byte", "batch_run")
+    assert any(default[k] != changed[k] for k in keys), option
+
+
+def test_plan_options(tmp_path):
+    one = json.loads(
+        run(
+            "plan",
+            "--workload",
+            "edge:b=1:share=0.5,dc:b=256:share=0.5",
+            "--lam",
+            "100",
+            "--max-heads",
+            "1",
+            "--format",
+            "json",
+        ).stdout
+    )
+    assert len(one["heads"]) == 1 and one["heads"][0] == one["single"]["vocab"]
+    capped = json.loads(
+        run(
+            "plan",
+            "--workload",
+            "dc:b=100000:share=1",
+            "--lam",
+            "100",
+            "--cap-batch",
+            "--device",
+            "l4",
+            "--model",
+            "llama-8b",
+            "--format",
+            "json",
+        ).stdout
+    )
+    uncapped = json.loads(
+        run(
+            "plan",
+            "--workload",
+            "dc:b=100000:share=1",
+            "--lam",
+            "100",
+            "--device",
+            "l4",
+            "--model",
+            "llama-8b",
+            "--format",
+            "json",
+        ).stdout
+    )
+    assert capped["routes"][0]["infer_cost_per_byte"] > uncapped["routes"][0]["infer_cost_per_byte"]
+    assert uncapped["routes"][0]["fits"] is False
+    md = run("plan", "--workload", "e:b=1:share=1", "--lam", "1", "--format", "markdown")
+    assert md.exit_code == 0 and "| name | batch |" in md.output

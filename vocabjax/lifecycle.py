@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import weakref
 from collections.abc import Sequence
 
 import jax
@@ -198,16 +197,24 @@ def _objective_fn(model: CostModel, *, cap_batch: bool, quality: Quality | None)
     return run
 
 
-_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_COMPILED: dict = {}
+_COMPILED_MAX = 64
+
+
+def _model_key(model: CostModel) -> str:
+    """Value identity of a cost model: its frozen inputs (profiles, shape, settings, curves)."""
+    return repr((model.device, model.shape, model.settings, model.compression, model.training))
 
 
 def _jitted(model: CostModel, cap_batch: bool, quality: Quality | None):
-    """One jitted grid function per (model, options), so repeated sweeps reuse the executable."""
-    per_model = _COMPILED.setdefault(model, {})
-    key = (cap_batch, quality)
-    if key not in per_model:
-        per_model[key] = jax.jit(_objective_fn(model, cap_batch=cap_batch, quality=quality))
-    return per_model[key]
+    """One jitted grid function per distinct (model, options), so repeated sweeps of equal models
+    reuse the compiled executable instead of tracing a new closure."""
+    key = (_model_key(model), cap_batch, repr(quality))
+    if key not in _COMPILED:
+        if len(_COMPILED) >= _COMPILED_MAX:
+            _COMPILED.pop(next(iter(_COMPILED)))
+        _COMPILED[key] = jax.jit(_objective_fn(model, cap_batch=cap_batch, quality=quality))
+    return _COMPILED[key]
 
 
 def sweep(
