@@ -1,15 +1,28 @@
 """Pallas kernels for the unembedding, one kernel per file, each beside its pure-jnp reference.
 
 - ``fused_decode``: memory-oriented decode statistics (max, argmax, logsumexp, sample).
+- ``linear_ce``: fused linear cross-entropy forward (lse, target logit) and backward (dh, dW).
 - ``noise``: the counter-based Gumbel noise every sampler shares.
 """
 
 from pallas_kernels._common import DecodeStats
 from pallas_kernels.fused_decode import DecodeBlocks, fused_decode, fused_decode_reference
+from pallas_kernels.linear_ce import (
+    CEBlocks,
+    linear_ce_bwd,
+    linear_ce_bwd_reference,
+    linear_ce_fwd,
+    linear_ce_fwd_reference,
+)
 
 __all__ = [
+    "CEBlocks",
     "DecodeBlocks",
     "DecodeStats",
     "fused_decode",
     "fused_decode_reference",
+    "linear_ce_bwd",
+    "linear_ce_bwd_reference",
+    "linear_ce_fwd",
+    "linear_ce_fwd_reference",
 ]

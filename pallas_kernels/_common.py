@@ -136,42 +136,55 @@ def inv_temperature_array(inv_temperature) -> jax.Array:
 def tile_logits(
     h_ref,
     w_ref,
-    valid_v: jax.Array,
+    w_row0,
+    valid_v,
     *,
+    h_row0=0,
+    rows: int | None = None,
     block_v: int,
     block_d: int,
     d_model: int,
 ) -> jax.Array:
     """f32 logits of one (rows, block_v) tile, inside a kernel, looping over d_model chunks.
 
-    ``h_ref`` is a (rows, D_pad) ref whose D_pad is a multiple of ``block_d`` (zero padded, so
-    it loads unmasked); ``w_ref`` is a ref whose first ``block_v`` rows are the tile's weights,
-    of which the first ``valid_v`` (dynamic) exist. Rows past ``valid_v`` and columns past
-    ``d_model`` are loaded masked, as zeros, so a ragged edge never reads out of bounds on GPU
-    (the Triton backend does no bounds checks of its own). Their logits come out as 0: the caller
-    masks the columns past ``valid_v``.
+    Reads rows ``h_row0 : h_row0 + rows`` of ``h_ref`` (all of them when ``rows`` is None), whose
+    width is a multiple of ``block_d`` (zero padded, so it loads unmasked), and rows
+    ``w_row0 : w_row0 + block_v`` of ``w_ref``, of which only the first ``valid_v`` (dynamic)
+    exist. Rows past ``valid_v`` and columns past ``d_model`` are loaded masked, as zeros, so a
+    ragged edge never reads out of bounds on GPU (the Triton backend does no bounds checks of
+    its own); their logits come out as 0 and the caller masks them. Each load uses one indexer
+    (Triton lowering takes no nested ``.at``).
 
     Products accumulate in float32 (``preferred_element_type``); float32 inputs use IEEE f32
     dots on Triton (not TF32), bf16 inputs bf16 tensor-core dots with f32 accumulation.
     """
-    rows = h_ref.shape[0]
+    if rows is None:
+        rows = h_ref.shape[0]
     n_chunks = cdiv(d_model, block_d)
     row_ok = jnp.arange(block_v, dtype=jnp.int32) < valid_v
 
     def body(c, acc):
         d0 = pl.multiple_of(c * block_d, block_d)
         cols = pl.ds(d0, block_d)
-        h = h_ref[:, cols]
-        mask = row_ok[:, None]
-        if d_model % block_d:
-            mask = mask & ((d0 + jnp.arange(block_d, dtype=jnp.int32)) < d_model)[None, :]
-        w = plgpu.load(w_ref.at[pl.ds(0, block_v), cols], mask=mask, other=0)
+        h = h_ref[pl.ds(h_row0, rows), cols]
+        w = plgpu.load(
+            w_ref.at[pl.ds(w_row0, block_v), cols],
+            mask=row_ok[:, None] & col_mask(d0, block_d, d_model)[None, :],
+            other=0,
+        )
         return acc + lax.dot_general(
             h, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
 
     acc = jnp.zeros((rows, block_v), jnp.float32)
     return lax.fori_loop(0, n_chunks, body, acc)
+
+
+def col_mask(d0, block_d: int, d_model: int) -> jax.Array:
+    """Which of the ``block_d`` columns from ``d0`` lie inside ``d_model`` (all when it divides)."""
+    if d_model % block_d == 0:
+        return jnp.ones((block_d,), jnp.bool_)
+    return (d0 + jnp.arange(block_d, dtype=jnp.int32)) < d_model
 
 
 def pad_cols(x: jax.Array, cols: int) -> jax.Array:

@@ -104,7 +104,7 @@ def _fused_decode_kernel(
     i, j = pl.program_id(0), pl.program_id(1)
     v0 = j * block_v
     logits_bv = tile_logits(
-        h_ref, w_ref, vocab - v0, block_v=block_v, block_d=block_d, d_model=d_model
+        h_ref, w_ref, 0, vocab - v0, block_v=block_v, block_d=block_d, d_model=d_model
     )
     ids_v = v0 + jnp.arange(block_v, dtype=jnp.int32)
     valid_v = ids_v < vocab
