@@ -1,0 +1,493 @@
+"""vocabjax.unembed against float64 numpy ground truth, for every implementation.
+
+Shapes are the odd ones of GPT-2: V = 50,257 (a multiple of no block size), D = 768, B in 1, 3,
+513. Inputs are fresh draws from an explicit seed; the reference is computed in float64 from the
+very inputs the op sees (bf16 inputs are exact in f32 and f64). One tolerance table, by the dtype
+of the compared output; it is never loosened to make a test pass.
+
+``TestXla``/``TestChunked`` run the plain implementations; ``TestPallas`` runs the same tests
+through ``impl="pallas"`` with ``INTERPRET = True`` on CPU (``False`` on a GPU run).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from pallas_kernels import noise
+from vocabjax import unembed
+from vocabjax.errors import UserError
+from vocabjax.hardware import DeviceProfile, KernelTiming
+
+V, D = 50_257, 768
+BATCHES = (1, 3, 513)
+DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
+
+# dtype of the compared output -> (atol, rtol). f32 outputs accumulate D products in f32, so
+# rtol is D * 2**-24 ~ 4.6e-5 (the worst-case bound of a length-D f32 sum), atol covers values
+# near 0. bf16 outputs (gradients in the weights' dtype) add one rounding: 2**-8 relative.
+TOL = {
+    np.dtype(np.float32): (1e-5, 5e-5),
+    np.dtype(jnp.bfloat16): (1e-5, 2**-8),
+}
+
+HAS_PALLAS = all(
+    importlib.util.find_spec(f"pallas_kernels.{m}") is not None
+    for m in ("fused_decode", "tiled_decode", "fused_topk", "linear_ce")
+)
+ON_CPU = jax.default_backend() == "cpu"
+
+
+def assert_close(got, ref, *, dtype, scale=1.0, what=""):
+    atol, rtol = TOL[np.dtype(dtype)]
+    np.testing.assert_allclose(
+        np.asarray(got, np.float64), ref, atol=atol * scale, rtol=rtol, err_msg=what
+    )
+
+
+@functools.cache
+def weights(dtype: str) -> tuple[jax.Array, np.ndarray]:
+    """(w, w64): fresh normal weights (numpy seed 1) scaled so that logits have a std of 2."""
+    w_np = np.random.default_rng(1).standard_normal((V, D), dtype=np.float32)
+    w = jnp.asarray(w_np * np.float32(2 / np.sqrt(D))).astype(DTYPES[dtype])
+    return w, f64(w)
+
+
+@functools.cache
+def data(dtype: str, batch: int):
+    """(h, w, logits64): fresh normal h for this batch, the shared w, float64 logits."""
+    h_np = np.random.default_rng(batch).standard_normal((batch, D), dtype=np.float32)
+    h = jnp.asarray(h_np).astype(DTYPES[dtype])
+    w, w64 = weights(dtype)
+    return h, w, f64(h) @ w64.T
+
+
+_DECODE_FNS: dict[str, object] = {}
+
+
+def decode_fn(kw: dict):
+    """One jitted function computing greedy, logsumexp and top-7 with the options ``kw``."""
+    key = repr(sorted(kw.items()))
+    if key not in _DECODE_FNS:
+
+        @jax.jit
+        def run(h, w):
+            vals, ids = unembed.top_k(h, w, 7, **kw)
+            return unembed.greedy(h, w, **kw), unembed.logsumexp(h, w, **kw), vals, ids
+
+        _DECODE_FNS[key] = run
+    return _DECODE_FNS[key]
+
+
+def f64(x) -> np.ndarray:
+    return np.asarray(jnp.asarray(x).astype(jnp.float32), np.float64)
+
+
+def lse64(logits: np.ndarray) -> np.ndarray:
+    m = logits.max(axis=1, keepdims=True)
+    return (m + np.log(np.exp(logits - m).sum(axis=1, keepdims=True)))[:, 0]
+
+
+CE_Z = 1e-3  # z-loss weight in the cross-entropy tests
+
+
+@functools.cache
+def ce_reference(dtype: str) -> dict:
+    """Float64 per-token loss and gradients for N = 513 tokens of ``data(dtype, 513)``."""
+    h, w, logits = data(dtype, 513)
+    n = logits.shape[0]
+    rng = np.random.default_rng(5)
+    labels = rng.integers(0, V, size=n).astype(np.int32)
+    labels[rng.random(n) < 0.2] = -100
+    labels[0] = V - 1  # the last token, in the ragged final tile
+    valid = labels != -100
+    lse = lse64(logits)
+    target = np.where(valid, logits[np.arange(n), np.where(valid, labels, 0)], 0.0)
+    per_token = np.where(valid, lse - target + CE_Z * lse**2, 0.0)
+    ct = np.where(valid, rng.standard_normal(n), 0.0)
+    dlogits = np.exp(logits - lse[:, None])
+    dlogits *= (ct * (1 + 2 * CE_Z * lse))[:, None]
+    dlogits[np.arange(n)[valid], labels[valid]] -= ct[valid]
+    return {
+        "labels": labels,
+        "per_token": per_token,
+        "count": valid.sum(),
+        "ct": ct,
+        "dh": dlogits @ weights(dtype)[1],
+        "dw": dlogits.T @ f64(h),
+    }
+
+
+class Base:
+    IMPL = "xla"
+    INTERPRET: bool | None = None
+    # Tilings every test runs with: None is the implementation's default.
+    BLOCKS: tuple = (None,)
+
+    def kw(self, blocks=None):
+        out = {"impl": self.IMPL, "blocks": blocks}
+        if self.IMPL == "pallas":
+            out["interpret"] = self.INTERPRET
+        return out
+
+    # --- decode ops --------------------------------------------------------------------------
+    @pytest.mark.parametrize("dtype", DTYPES)
+    @pytest.mark.parametrize("batch", BATCHES)
+    def test_greedy_logsumexp_top_k(self, dtype, batch):
+        h, w, logits = data(dtype, batch)
+        atol, rtol = TOL[np.dtype(np.float32)]
+        ref_max = logits.max(axis=1)
+        for blocks in self.BLOCKS if batch < 100 else self.BLOCKS[:1]:
+            ids, lse, vals, top_ids = map(np.asarray, decode_fn(self.kw(blocks))(h, w))
+            assert ids.dtype == np.int32 and ids.shape == (batch,)
+            assert ((ids >= 0) & (ids < V)).all(), ids
+            # The chosen token's exact logit is the maximum, up to the f32 accumulation error.
+            chosen = logits[np.arange(batch), ids]
+            np.testing.assert_array_less(ref_max - chosen, atol + rtol * np.abs(ref_max))
+            assert_close(lse, lse64(logits), dtype=np.float32)
+            ref_vals = -np.sort(-logits, axis=1)[:, :7]
+            assert_close(vals, ref_vals, dtype=np.float32, what="top-k values")
+            assert_close(
+                logits[np.arange(batch)[:, None], top_ids], vals, dtype=np.float32, what="ids"
+            )
+            assert (np.diff(vals, axis=1) <= 0).all()
+            assert all(len(set(r)) == 7 for r in top_ids.tolist())
+
+    @pytest.mark.parametrize("dtype", DTYPES)
+    def test_exact_ties_resolve_to_lowest_id(self, dtype):
+        """Integer inputs make every logit exact, with many ties; ids must match exactly."""
+        rng = np.random.default_rng(7)
+        w_np = rng.integers(-1, 2, size=(V, D)).astype(np.float32)
+        w_np[V - 3 :] = w_np[5]  # the largest-id rows copy an early one
+        h_np = rng.integers(-1, 2, size=(3, D)).astype(np.float32)
+        h_np[1] = 0.0  # every logit ties: the answer is token 0
+        h, w = jnp.asarray(h_np, DTYPES[dtype]), jnp.asarray(w_np, DTYPES[dtype])
+        logits = h_np.astype(np.float64) @ w_np.astype(np.float64).T
+        order = np.argsort(-logits, axis=1, kind="stable")
+        for blocks in self.BLOCKS:
+            kw = self.kw(blocks)
+            greedy = jax.jit(functools.partial(unembed.greedy, **kw))
+            np.testing.assert_array_equal(greedy(h, w), order[:, 0])
+            vals, ids = jax.jit(functools.partial(unembed.top_k, k=5, **kw))(h, w)
+            np.testing.assert_array_equal(ids, order[:, :5])
+            np.testing.assert_array_equal(vals, np.take_along_axis(logits, order[:, :5], 1))
+
+    def test_sample_is_the_same_for_every_impl_and_tiling(self):
+        h, w, logits = data("f32", 3)
+        key = jax.random.key(42)
+        for temperature, k in ((1.0, None), (0.7, None), (1.3, 40)):
+            seeds = noise.seeds_from_key(key)
+            rows = jnp.arange(3)[:, None]
+            if k is None:
+                toks = jnp.arange(V)[None, :]
+                scores = logits / temperature + f64(noise.gumbel(seeds, rows, toks))
+                want = scores.argmax(axis=1)
+            else:
+                top = np.argsort(-logits, axis=1, kind="stable")[:, :k]
+                g = f64(noise.gumbel(seeds, rows, jnp.asarray(top)))
+                scores = np.take_along_axis(logits, top, 1) / temperature + g
+                want = np.take_along_axis(top, scores.argmax(axis=1)[:, None], 1)[:, 0]
+            for blocks in self.BLOCKS:
+                kw = self.kw(blocks)
+                draw = jax.jit(
+                    lambda h, w, kw=kw, t=temperature, k=k: unembed.sample(h, w, key, t, k, **kw)
+                )
+                got = draw(h, w)
+                np.testing.assert_array_equal(got, want, err_msg=f"{temperature=} {k=} {blocks=}")
+
+    @pytest.mark.parametrize(("temperature", "k"), [(1.0, None), (0.6, None), (1.0, 6)])
+    def test_sample_distribution_matches_softmax(self, temperature, k):
+        """Chi-square of 20,000 draws (one row each, same h) against softmax(logits / T)."""
+        vocab, d, draws = 37, 16, 20_000
+        kh, kw_ = jax.random.split(jax.random.key(3))
+        h1 = jax.random.normal(kh, (1, d), jnp.float32)
+        w = jax.random.normal(kw_, (vocab, d), jnp.float32) * 0.4
+        h = jnp.broadcast_to(h1, (draws, d))
+        logits = (f64(h1) @ f64(w).T)[0] / temperature
+        if k is not None:
+            logits = np.where(logits >= np.sort(logits)[-k], logits, -np.inf)
+        p = np.exp(logits - logits.max())
+        p /= p.sum()
+        kw = self.kw(self.BLOCKS[-1] if self.IMPL != "xla" else None)
+        if self.IMPL == "chunked":
+            kw["blocks"] = {"block_v": 8}  # several tiles even at V = 37
+        draw = jax.jit(lambda h, w: unembed.sample(h, w, jax.random.key(11), temperature, k, **kw))
+        got = np.asarray(draw(h, w))
+        counts = np.bincount(got, minlength=vocab)
+        assert counts[p == 0].sum() == 0, "a token outside the top-k was drawn"
+        keep = p * draws >= 5
+        observed = np.append(counts[keep], counts[~keep].sum())
+        expected = np.append(p[keep] * draws, p[~keep].sum() * draws)
+        if expected[-1] == 0:
+            observed, expected = observed[:-1], expected[:-1]
+        chi2, pvalue = stats.chisquare(observed, expected)
+        assert pvalue > 1e-3, (chi2, pvalue)
+
+    # --- linear cross-entropy ----------------------------------------------------------------
+    @pytest.mark.parametrize("dtype", DTYPES)
+    def test_linear_cross_entropy_and_gradients(self, dtype):
+        """N = 513 tokens, 20% ignored, z-loss on: every reduction's loss, and the gradients for
+        h and W of sum(c * per-token loss) with random cotangents c (mean and sum are the special
+        cases c = 1/count and c = 1)."""
+        h, w, _ = data(dtype, 513)
+        ref = ce_reference(dtype)
+        labels = jnp.asarray(ref["labels"])
+        ct = jnp.asarray(ref["ct"], jnp.float32)
+        for blocks in self.BLOCKS[:2]:
+            kw = self.kw(blocks)
+
+            @jax.jit
+            def losses(h, w, kw=kw):
+                ce = functools.partial(
+                    unembed.linear_cross_entropy, h, w, labels, z_loss=CE_Z, **kw
+                )
+                return ce(reduction="mean"), ce(reduction="sum"), ce(reduction="none")
+
+            mean, total, per_token = losses(h, w)
+            assert_close(per_token, ref["per_token"], dtype=np.float32, what="none")
+            assert_close(total, ref["per_token"].sum(), dtype=np.float32, what="sum")
+            assert_close(mean, ref["per_token"].sum() / ref["count"], dtype=np.float32)
+
+            def weighted(h, w, kw=kw):
+                per = unembed.linear_cross_entropy(
+                    h, w, labels, z_loss=CE_Z, reduction="none", **kw
+                )
+                return jnp.sum(per * ct)
+
+            dh, dw = jax.jit(jax.grad(weighted, argnums=(0, 1)))(h, w)
+            assert dh.dtype == h.dtype and dw.dtype == w.dtype
+            assert_close(dh, ref["dh"], dtype=dh.dtype, scale=np.abs(ref["dh"]).max(), what="dh")
+            assert_close(dw, ref["dw"], dtype=dw.dtype, scale=np.abs(ref["dw"]).max(), what="dw")
+
+    def test_cross_entropy_mean_gradient(self):
+        h, w, logits = data("f32", 3)
+        w64 = weights("f32")[1]
+        labels = jnp.asarray([V - 1, -100, 17])
+        p = np.exp(logits - lse64(logits)[:, None])
+        dlogits = p * np.array([[0.5], [0.0], [0.5]])
+        dlogits[0, V - 1] -= 0.5
+        dlogits[2, 17] -= 0.5
+        kw = self.kw()
+        loss = lambda h, w: unembed.linear_cross_entropy(h, w, labels, **kw)  # noqa: E731
+        dh, dw = jax.jit(jax.grad(loss, argnums=(0, 1)))(h, w)
+        ref_dh, ref_dw = dlogits @ w64, dlogits.T @ f64(h)
+        assert_close(dh, ref_dh, dtype=np.float32, scale=np.abs(ref_dh).max())
+        assert_close(dw, ref_dw, dtype=np.float32, scale=np.abs(ref_dw).max())
+
+    def test_cross_entropy_takes_leading_axes_and_all_ignored(self):
+        h, w, logits = data("f32", 3)
+        kw = self.kw()
+        labels = jnp.asarray([[5, -100, 7]])
+        ce = jax.jit(
+            lambda h, w: unembed.linear_cross_entropy(h, w, labels, reduction="none", **kw)
+        )
+        got = ce(h[None], w)
+        assert got.shape == (1, 3) and float(got[0, 1]) == 0.0
+        ref = lse64(logits)[[0, 2]] - logits[[0, 2], [5, 7]]
+        assert_close(np.asarray(got)[0, [0, 2]], ref, dtype=np.float32)
+        none = jnp.full((3,), -100)
+        loss, (dh, dw) = jax.jit(
+            jax.value_and_grad(
+                lambda h, w: unembed.linear_cross_entropy(h, w, none, **kw), argnums=(0, 1)
+            )
+        )(h, w)
+        assert float(loss) == 0.0 and not np.asarray(dh).any() and not np.asarray(dw).any()
+
+    # --- transformations and bad input -------------------------------------------------------
+    def test_vmap_over_extra_axes(self):
+        h, w, _ = data("f32", 3)
+        hh = jnp.stack([h, h[::-1]])
+        kw = self.kw()
+        both = jax.jit(
+            jax.vmap(
+                lambda x, w: (unembed.greedy(x, w, **kw), unembed.logsumexp(x, w, **kw)),
+                in_axes=(0, None),
+            )
+        )
+        ids, lse = both(hh, w)
+        one = decode_fn(kw)
+        for i, x in enumerate((h, h[::-1])):
+            want_ids, want_lse, _, _ = one(x, w)
+            np.testing.assert_array_equal(ids[i], want_ids)
+            assert_close(lse[i], np.asarray(want_lse, np.float64), dtype=np.float32)
+
+    def test_nan_rows_give_id_minus_one(self):
+        h, w, _ = data("f32", 3)
+        h = h.at[1, 10].set(jnp.nan)
+        kw = self.kw()
+
+        @jax.jit
+        def everything(h, w):
+            return (
+                unembed.greedy(h, w, **kw),
+                unembed.logsumexp(h, w, **kw),
+                *unembed.top_k(h, w, 3, **kw),
+                unembed.sample(h, w, jax.random.key(0), **kw),
+                unembed.linear_cross_entropy(h, w, jnp.asarray([1, 2, 3]), reduction="none", **kw),
+            )
+
+        ids, lse, vals, top, drawn, loss = map(np.asarray, everything(h, w))
+        assert ids[1] == -1 and ids[0] >= 0 and ids[2] >= 0
+        assert np.isnan(lse[1]) and np.isfinite(lse[[0, 2]]).all()
+        assert (top[1] == -1).all() and np.isnan(vals[1]).all() and (top[[0, 2]] >= 0).all()
+        assert drawn[1] == -1 and (drawn[[0, 2]] >= 0).all()
+        assert np.isnan(loss[1]) and np.isfinite(loss[[0, 2]]).all()
+
+
+class TestXla(Base):
+    IMPL = "xla"
+
+
+class TestChunked(Base):
+    IMPL = "chunked"
+    # The default tile, one that divides nothing, and tiles larger than V.
+    BLOCKS = (None, {"block_v": 4096}, {"block_v": 1000}, unembed.ChunkBlocks(65536))
+
+
+@pytest.mark.skipif(not HAS_PALLAS, reason="pallas_kernels decode/top-k/CE files not there yet")
+class TestPallas(Base):
+    IMPL = "pallas"
+    INTERPRET = ON_CPU
+    BLOCKS = (None,)
+
+
+# --- checks that do not depend on the implementation -------------------------------------------
+
+
+def test_bad_input_is_a_clear_error():
+    h, w, _ = data("f32", 3)
+    with pytest.raises(UserError, match=r"h has d_model=767 but w has d_model=768"):
+        unembed.greedy(h[:, :-1], w)
+    with pytest.raises(UserError, match=r"k=50258 must be between 1 and V=50257"):
+        unembed.top_k(h, w, V + 1)
+    with pytest.raises(UserError, match=r"k=0 must be between 1 and V=50257"):
+        unembed.top_k(h, w, 0)
+    for t in (0.0, -1.0, float("nan")):
+        with pytest.raises(UserError, match=r"temperature=.* must be finite and > 0"):
+            unembed.sample(h, w, jax.random.key(0), t)
+    with pytest.raises(UserError, match=r"label 50257 is outside \[0, V=50257\)"):
+        unembed.linear_cross_entropy(h, w, jnp.asarray([1, V, 2]))
+    with pytest.raises(UserError, match=r"label -5 is outside"):
+        unembed.linear_cross_entropy(h, w, jnp.asarray([1, -5, 2]), impl="chunked")
+    with pytest.raises(UserError, match=r"unknown impl 'cuda'"):
+        unembed.greedy(h, w, impl="cuda")
+    with pytest.raises(UserError, match=r"unknown reduction 'avg'"):
+        unembed.linear_cross_entropy(h, w, jnp.asarray([1, 2, 3]), reduction="avg")
+    with pytest.raises(UserError, match=r"labels must match h"):
+        unembed.linear_cross_entropy(h, w, jnp.asarray([1, 2]))
+    with pytest.raises(UserError, match=r"must be bf16 or f32"):
+        unembed.greedy(h, w.astype(jnp.float16))
+
+
+@pytest.mark.parametrize("impl", ["xla", "chunked"])
+def test_traced_bad_values_are_flagged_not_wrong(impl):
+    """Under jit a label out of range makes its loss NaN; a temperature <= 0 gives -1."""
+    h, w, _ = data("f32", 3)
+    ce = jax.jit(
+        lambda h, w, lab: unembed.linear_cross_entropy(h, w, lab, reduction="none", impl=impl)
+    )
+    loss = np.asarray(ce(h, w, jnp.asarray([1, V + 3, 2])))
+    assert np.isnan(loss[1]) and np.isfinite(loss[[0, 2]]).all()
+    mean = jax.jit(lambda h, w, lab: unembed.linear_cross_entropy(h, w, lab, impl=impl))
+    assert np.isnan(float(mean(h, w, jnp.asarray([1, -7, 2]))))
+    ids = jax.jit(lambda h, w, t: unembed.sample(h, w, jax.random.key(0), t, impl=impl))
+    assert (np.asarray(ids(h, w, jnp.float32(0.0))) == -1).all()
+    assert (np.asarray(ids(h, w, jnp.float32(-2.0))) == -1).all()
+    assert (np.asarray(ids(h, w, jnp.float32(1.0))) >= 0).all()
+
+
+def test_temporary_memory_of_fused_paths_is_a_tenth_of_xla():
+    """Compiled, never run: B x T = 8,192, V = 65,536, d = 512, bf16."""
+    n, vocab, d = 8192, 65536, 512
+    h = jax.ShapeDtypeStruct((n, d), jnp.bfloat16)
+    w = jax.ShapeDtypeStruct((vocab, d), jnp.bfloat16)
+    labels = jax.ShapeDtypeStruct((n,), jnp.int32)
+
+    def temp_bytes(fn, *args):
+        return jax.jit(fn).lower(*args).compile().memory_analysis().temp_size_in_bytes
+
+    impls = ["xla", "chunked"] + (["pallas"] if HAS_PALLAS else [])
+    greedy = {i: temp_bytes(lambda h, w, i=i: unembed.greedy(h, w, impl=i), h, w) for i in impls}
+    ce = {
+        i: temp_bytes(
+            jax.value_and_grad(
+                lambda h, w, lab, i=i: unembed.linear_cross_entropy(h, w, lab, impl=i), (0, 1)
+            ),
+            h,
+            w,
+            labels,
+        )
+        for i in impls
+    }
+    logits_bytes = n * vocab * 4
+    assert greedy["xla"] >= logits_bytes and ce["xla"] >= logits_bytes  # the baseline holds them
+    for impl in impls[1:]:
+        assert greedy[impl] <= greedy["xla"] / 10, (impl, greedy)
+        assert ce[impl] <= ce["xla"] / 10, (impl, ce)
+
+
+def _profile(best):
+    return DeviceProfile(
+        name="test-gpu",
+        peak_flops={"bf16": 100e12, "f32": 20e12},
+        hbm_bandwidth=1e12,
+        memory_bytes=1e10,
+        launch_overhead_s=1e-6,
+        source="test",
+        best=tuple(best),
+        measured=True,
+    )
+
+
+def _row(vocab, batch, impl, blocks=None, op="greedy"):
+    return KernelTiming(op, vocab, batch, 768, "bf16", impl, blocks or {}, 1e-3, 0.5)
+
+
+def test_selector_reads_the_nearest_best_row_then_the_roofline():
+    prof = _profile(
+        [
+            _row(32768, 1, "chunked", {"block_v": 8192}),
+            _row(32768, 256, "xla"),
+            _row(131072, 1, "pallas", {"block_v": 512}),
+        ]
+    )
+    pick = unembed.select("greedy", 30000, 2, 768, "bf16", profile=prof, backend="gpu")
+    assert pick.impl == "chunked" and pick.blocks == {"block_v": 8192}, pick
+    assert "nearest V=32768, B=1" in pick.reason
+    assert (
+        unembed.select("greedy", 32768, 200, 768, "bf16", profile=prof, backend="gpu").impl == "xla"
+    )
+    big = unembed.select("greedy", 150000, 1, 768, "bf16", profile=prof, backend="gpu")
+    assert big.impl == "pallas" and big.blocks == {"block_v": 512}
+    # On CPU, Pallas only interprets: its rows are skipped.
+    assert (
+        unembed.select("greedy", 150000, 1, 768, "bf16", profile=prof, backend="cpu").impl
+        != "pallas"
+    )
+    # No rows for this op: the roofline rule against the profile's ridge point (100 FLOP/byte).
+    low = unembed.select("top_k", 65536, 8, 768, "bf16", profile=prof, backend="gpu")
+    high = unembed.select("top_k", 65536, 512, 768, "bf16", profile=prof, backend="gpu")
+    assert (low.impl, high.impl) == ("pallas", "xla") and "ridge 100.0" in low.reason
+    ce = unembed.select(
+        "linear_cross_entropy", 65536, 8192, 768, "bf16", profile=prof, backend="cpu"
+    )
+    assert ce.impl == "chunked"
+
+
+def test_auto_follows_the_profile_set(tmp_path):
+    h, w, _ = data("f32", 3)
+    f32_row = KernelTiming("greedy", V, 3, D, "f32", "chunked", {"block_v": 2048}, 1e-3, 0.5)
+    prof = _profile([f32_row])
+    with unembed.using_device_profile(prof):
+        assert unembed.device_profile() is prof
+        choice = unembed.select("greedy", V, 3, D, "f32")
+        assert choice.impl == "chunked" and choice.blocks == {"block_v": 2048}
+        got = jax.jit(lambda h, w: unembed.greedy(h, w))(h, w)
+    np.testing.assert_array_equal(got, unembed.greedy(h, w, impl="xla"))
+    assert unembed.device_profile() is not prof

@@ -1,0 +1,861 @@
+"""Unembedding ops that never need the B x V logits in memory, and the kernel selector.
+
+Public ops take ``h_bd`` (B, D) hidden states and ``w_vd`` (V, D) unembedding weights:
+
+    greedy(h, w)                        -> ids_b int32, the argmax token (lowest index on ties)
+    logsumexp(h, w)                     -> lse_b float32, log sum_v exp(h . w_v)
+    top_k(h, w, k)                      -> (vals_bk float32, ids_bk int32), descending, ties by id
+    sample(h, w, key, temperature, top_k=None) -> ids_b int32, Gumbel-max sample of softmax
+    linear_cross_entropy(h, w, labels, ignore_index=-100, reduction="mean", z_loss=0.0)
+
+Each takes ``impl="auto"|"xla"|"chunked"|"pallas"``:
+
+- ``xla``: materialized logits ``h @ w.T`` then the plain jnp op (the baseline).
+- ``chunked``: a ``lax.scan`` over vocabulary tiles of ``block_v`` rows with an online max,
+  log-sum-exp, argmax and top-k merge; the largest temporary is one B x block_v tile.
+- ``pallas``: the kernels in ``pallas_kernels/`` (fused decode for small B, the tiled decode for
+  large B, fused top-k, fused linear cross-entropy forward and backward). On a CPU backend they
+  run through Pallas' interpreter: ``interpret=None`` (the default) means "interpret when
+  ``jax.default_backend() == 'cpu'``"; pass ``interpret=True/False`` to force it.
+- ``auto``: :func:`select`, at trace time from static shapes, so it costs nothing per call: the
+  device profile's ``best`` table (nearest measured shape) when one is set, else the roofline
+  rule against the ridge point.
+
+Numerics: the matmul runs in the weights' dtype (``h`` is cast to ``w.dtype``) with float32
+accumulation; f32 weights use ``Precision.HIGHEST`` (no TF32). Values come back in float32.
+
+Bad input, and what happens (all tested):
+
+- ``h`` and ``w`` with different D, ``k`` < 1 or > V, an unknown impl or reduction, a Python or
+  concrete temperature <= 0 or not finite: ``UserError`` at trace time.
+- A label outside [0, V) that is not ``ignore_index``: ``UserError`` when the labels are concrete;
+  under ``jit`` that token's loss is NaN (so the mean is NaN), never a silently wrong number.
+- A row of ``h`` holding a NaN or an infinity: its token id is -1 (greedy, sample, top-k ids),
+  its values are NaN. A traced temperature <= 0 gives -1 for every row.
+
+All ops work under ``jit``, ``vmap`` (any leading axes the caller adds; ``sample`` keys its
+noise by the row index within one call, so vmapped calls should get their own keys) and, for
+``linear_cross_entropy``, ``grad`` with respect to ``h`` and ``w``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import math
+import os
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Literal, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from pallas_kernels import noise
+from vocabjax.errors import UserError
+from vocabjax.hardware import BYTES_PER_ELEMENT, DeviceProfile, KernelTiming, load_device
+
+Impl = Literal["auto", "xla", "chunked", "pallas"]
+IMPLS: tuple[str, ...] = ("xla", "chunked", "pallas")
+OPS: tuple[str, ...] = ("greedy", "logsumexp", "top_k", "sample", "linear_cross_entropy")
+REDUCTIONS: tuple[str, ...] = ("mean", "sum", "none")
+
+# The ridge point used by the roofline rule when no device profile is set: the default device's.
+_FALLBACK_DEVICE = "a100-80gb"
+PROFILE_ENV = "VOCABJAX_DEVICE_PROFILE"  # a builtin device name or a profile JSON path
+
+
+# --------------------------------------------------------------------------------------------
+# Tiling of the chunked path
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkBlocks:
+    """Tiling of the ``chunked`` implementation."""
+
+    block_v: int  # vocabulary rows per scan step; the last tile may be shorter
+
+    # A logits tile of B x block_v float32 should stay within this many bytes.
+    TILE_BYTES = 8 * 2**20
+    MAX_BLOCK_V = 65536
+
+    def __post_init__(self) -> None:
+        if self.block_v < 1:
+            raise UserError(f"block_v={self.block_v} must be >= 1")
+
+    @classmethod
+    def default(cls, batch: int, vocab: int, d_model: int, dtype: str) -> ChunkBlocks:
+        """The largest power-of-two tile whose B x block_v f32 logits fit ``TILE_BYTES``."""
+        del d_model, dtype
+        cap = max(256, cls.TILE_BYTES // (4 * max(batch, 1)))
+        block = 1 << int(math.floor(math.log2(min(cap, cls.MAX_BLOCK_V))))
+        return cls(block_v=min(block, _next_pow2(vocab)))
+
+    @classmethod
+    def candidates(
+        cls, batch: int, vocab: int, d_model: int, dtype: str, *, quick: bool = False
+    ) -> tuple[ChunkBlocks, ...]:
+        """Tiles the autotuner tries: powers of two from 1k up, within 8x ``TILE_BYTES``."""
+        default = cls.default(batch, vocab, d_model, dtype)
+        sizes = [1 << p for p in range(10, 17) if (1 << p) <= _next_pow2(vocab)]
+        sizes = [s for s in sizes if 4 * batch * s <= 8 * cls.TILE_BYTES]
+        if quick:
+            sizes = [s for s in sizes if s in (default.block_v // 4, default.block_v * 4)]
+        out = {default.block_v: default}
+        for s in sizes:
+            out.setdefault(s, cls(block_v=s))
+        return tuple(out.values())
+
+    def to_json(self) -> dict[str, int]:
+        return {"block_v": self.block_v}
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+
+
+# --------------------------------------------------------------------------------------------
+# Device profile and kernel selection
+
+_profile_state: dict[str, Any] = {"profile": None, "env_read": False}
+
+
+def set_device_profile(profile: DeviceProfile | str | os.PathLike | None) -> None:
+    """Use ``profile`` (a DeviceProfile, builtin name or JSON path) for ``impl="auto"``."""
+    if profile is not None and not isinstance(profile, DeviceProfile):
+        profile = load_device(profile)
+    _profile_state.update(profile=profile, env_read=True)
+
+
+def device_profile() -> DeviceProfile | None:
+    """The profile ``impl="auto"`` reads: the one set, else ``$VOCABJAX_DEVICE_PROFILE``."""
+    if not _profile_state["env_read"]:
+        _profile_state["env_read"] = True
+        env = os.environ.get(PROFILE_ENV)
+        if env:
+            _profile_state["profile"] = load_device(env)
+    return _profile_state["profile"]
+
+
+@contextlib.contextmanager
+def using_device_profile(profile: DeviceProfile | str | os.PathLike | None) -> Iterator[None]:
+    """``with using_device_profile("profiles/cpu.json"): ...`` sets it for a block."""
+    old_profile, old_read = _profile_state["profile"], _profile_state["env_read"]
+    set_device_profile(profile)
+    try:
+        yield
+    finally:
+        _profile_state.update(profile=old_profile, env_read=old_read)
+
+
+class Choice(NamedTuple):
+    """What ``impl="auto"`` runs: an implementation, its tiling and why."""
+
+    impl: str  # "xla", "chunked" or "pallas"
+    blocks: Mapping[str, int]  # tile sizes ({} for xla or the implementation's default)
+    reason: str  # "best table: nearest V=..., B=..." or "roofline: B=... vs ridge ..."
+
+
+def dtype_name(dtype: Any) -> str:
+    """``jnp.bfloat16`` -> "bf16", ``jnp.float32`` -> "f32"."""
+    dtype = jnp.dtype(dtype)
+    if dtype == jnp.bfloat16:
+        return "bf16"
+    if dtype == jnp.float32:
+        return "f32"
+    raise UserError(f"unembedding weights must be bf16 or f32, got {dtype}")
+
+
+def select(
+    op: str,
+    vocab: int,
+    batch: int,
+    d_model: int,
+    dtype: str,
+    *,
+    profile: DeviceProfile | None = None,
+    backend: str | None = None,
+) -> Choice:
+    """The implementation ``impl="auto"`` uses for ``op`` at shape (V, B, D, dtype).
+
+    With a device profile holding ``best`` rows for ``op`` and ``dtype``: the row nearest in
+    (log V, log B, log D). Otherwise the roofline rule: a memory-bound shape (arithmetic
+    intensity below the ridge point) runs fused (``pallas`` on a GPU or TPU, ``chunked`` on a
+    CPU, where Pallas only interprets); a compute-bound one runs ``xla``'s matmul, except
+    ``linear_cross_entropy``, which always runs fused so that the N x V logits are never stored.
+    """
+    if op not in OPS:
+        raise UserError(f"unknown op {op!r} (choose from {', '.join(OPS)})")
+    profile = profile if profile is not None else device_profile()
+    backend = backend or jax.default_backend()
+    rows = profile.best_rows(op, dtype) if profile is not None else ()
+    if backend == "cpu":  # a profile measured elsewhere may name pallas; CPU only interprets it
+        rows = tuple(r for r in rows if r.impl != "pallas") or ()
+    if rows:
+        row = min(rows, key=lambda r: _shape_distance(r, vocab, batch, d_model))
+        blocks = dict(row.blocks) if row.impl != "xla" else {}
+        if row.impl == "chunked" and "block_v" in blocks:  # a tile no larger than this V needs
+            blocks["block_v"] = min(blocks["block_v"], _next_pow2(vocab))
+        return Choice(
+            row.impl,
+            blocks,
+            f"best table of {profile.name}: nearest V={row.vocab}, B={row.batch}, D={row.d_model}",
+        )
+    ridge_profile = profile if profile is not None else load_device(_FALLBACK_DEVICE)
+    ridge = ridge_profile.ridge_point(dtype)
+    intensity = arithmetic_intensity(vocab, batch, d_model, dtype)
+    fused = "chunked" if backend == "cpu" else "pallas"
+    why = f"roofline: intensity {intensity:.1f} vs ridge {ridge:.1f} of {ridge_profile.name}"
+    if op == "linear_cross_entropy" or intensity < ridge:
+        return Choice(fused, {}, why)
+    return Choice("xla", {}, why)
+
+
+def _shape_distance(row: KernelTiming, vocab: int, batch: int, d_model: int) -> float:
+    return (
+        (math.log(row.vocab) - math.log(vocab)) ** 2
+        + (math.log(row.batch) - math.log(batch)) ** 2
+        + (math.log(row.d_model) - math.log(d_model)) ** 2
+    )
+
+
+def arithmetic_intensity(vocab: int, batch: int, d_model: int, dtype: str) -> float:
+    """FLOP per byte of the fused unembedding: 2 B V D over the bytes of W, h and the outputs."""
+    flops, bytes_ = unembed_cost("greedy", vocab, batch, d_model, dtype)
+    return flops / bytes_
+
+
+def unembed_cost(op: str, vocab: int, batch: int, d_model: int, dtype: str) -> tuple[float, float]:
+    """(flops, bytes) of the fused op: its roofline floor is ``max(flops/P, bytes/BW)``.
+
+    Decode ops read W (V D w bytes) and h, and write O(B) results; cross-entropy forward plus
+    backward does three matmuls (6 N V D flops), reads W twice and writes dW and dh.
+    """
+    w = BYTES_PER_ELEMENT[dtype]
+    if op == "linear_cross_entropy":
+        flops = 6.0 * batch * vocab * d_model
+        bytes_ = 3.0 * vocab * d_model * w + 3.0 * batch * d_model * w + 12.0 * batch
+        return flops, bytes_
+    flops = 2.0 * batch * vocab * d_model
+    bytes_ = vocab * d_model * w + batch * d_model * w + 8.0 * batch
+    return flops, bytes_
+
+
+# --------------------------------------------------------------------------------------------
+# Checks shared by every op
+
+
+def _check_pair(h_bd: jax.Array, w_vd: jax.Array, *, op: str) -> tuple[jax.Array, jax.Array]:
+    if w_vd.ndim != 2:
+        raise UserError(f"{op}: w must be (V, D), got shape {tuple(w_vd.shape)}")
+    if h_bd.ndim != 2:
+        raise UserError(f"{op}: h must be (B, D), got shape {tuple(h_bd.shape)} (vmap extra axes)")
+    if h_bd.shape[1] != w_vd.shape[1]:
+        raise UserError(
+            f"{op}: h has d_model={h_bd.shape[1]} but w has d_model={w_vd.shape[1]} "
+            f"(h {tuple(h_bd.shape)}, w {tuple(w_vd.shape)})"
+        )
+    dtype_name(w_vd.dtype)
+    if not jnp.issubdtype(h_bd.dtype, jnp.floating):
+        raise UserError(f"{op}: h must be floating point, got {h_bd.dtype}")
+    return h_bd.astype(w_vd.dtype), w_vd
+
+
+def _resolve(op: str, impl: str, h_bd: jax.Array, w_vd: jax.Array, blocks: Any) -> tuple[str, Any]:
+    """(impl, blocks) after ``auto``; ``blocks`` may be None (the implementation's default)."""
+    if impl not in ("auto", *IMPLS):
+        raise UserError(f"unknown impl {impl!r} (choose from auto, {', '.join(IMPLS)})")
+    if impl == "auto":
+        vocab, d_model = w_vd.shape
+        choice = select(op, vocab, h_bd.shape[0], d_model, dtype_name(w_vd.dtype))
+        impl, blocks = choice.impl, (blocks if blocks is not None else (choice.blocks or None))
+    if isinstance(blocks, Mapping):
+        blocks = dict(blocks)
+    return impl, blocks
+
+
+def _interpret(interpret: bool | None) -> bool:
+    return jax.default_backend() == "cpu" if interpret is None else bool(interpret)
+
+
+def _bad_rows(h_bd: jax.Array) -> jax.Array:
+    """Rows of h with a NaN or infinity: their ids become -1."""
+    return ~jnp.all(jnp.isfinite(h_bd.astype(jnp.float32)), axis=-1)
+
+
+def _precision(dtype: Any):
+    return lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
+
+
+def _logits(h_bd: jax.Array, w_vd: jax.Array) -> jax.Array:
+    """h @ w.T in the weights' dtype with float32 accumulation."""
+    return lax.dot_general(
+        h_bd,
+        w_vd,
+        (((1,), (1,)), ((), ())),
+        precision=_precision(w_vd.dtype),
+        preferred_element_type=jnp.float32,
+    )
+
+
+def _check_temperature(temperature: Any) -> jax.Array:
+    if isinstance(temperature, jax.core.Tracer):
+        return jnp.asarray(temperature, jnp.float32)
+    value = np.asarray(temperature, dtype=np.float64)
+    if value.shape != ():
+        raise UserError(f"temperature must be a scalar, got shape {value.shape}")
+    if not math.isfinite(float(value)) or float(value) <= 0:
+        raise UserError(f"temperature={float(value)} must be finite and > 0 (use greedy for 0)")
+    return jnp.asarray(float(value), jnp.float32)
+
+
+# --------------------------------------------------------------------------------------------
+# The chunked scan over vocabulary tiles
+
+
+def _scan_tiles(
+    step: Callable[[Any, jax.Array, jax.Array], tuple[Any, Any]],
+    carry: Any,
+    w_vd: jax.Array,
+    block_v: int,
+) -> tuple[Any, list[Any]]:
+    """Run ``step(carry, w_tile, start) -> (carry, y)`` over V tiles: a scan over the full tiles,
+    then one step on the remainder. Tiles are dynamic slices of ``w``, never a padded copy.
+
+    Returns the final carry and the outputs as a list: the stacked full-tile outputs (if any),
+    then the remainder's (if any).
+    """
+    vocab = w_vd.shape[0]
+    block_v = min(block_v, vocab)
+    n_full, rem = divmod(vocab, block_v)
+    ys = []
+    if n_full:
+
+        def body(c, i):
+            start = i * block_v
+            return step(c, lax.dynamic_slice_in_dim(w_vd, start, block_v, axis=0), start)
+
+        carry, y = lax.scan(body, carry, jnp.arange(n_full, dtype=jnp.int32))
+        ys.append(y)
+    if rem:
+        start = n_full * block_v
+        carry, y = step(carry, w_vd[start:], jnp.int32(start))
+        ys.append(y)
+    return carry, ys
+
+
+class _Stats(NamedTuple):
+    max_b: jax.Array  # float32, the largest logit
+    argmax_b: jax.Array  # int32, lowest index among the largest
+    lse_b: jax.Array  # float32, logsumexp of the raw logits
+    sample_b: jax.Array  # int32, argmax of logits * inv_temperature + Gumbel noise
+
+
+def _chunked_decode(
+    h_bd: jax.Array,
+    w_vd: jax.Array,
+    seeds: jax.Array | None,
+    inv_temperature: jax.Array,
+    *,
+    block_v: int,
+    want_lse: bool,
+) -> _Stats:
+    batch = h_bd.shape[0]
+    rows = jnp.arange(batch, dtype=jnp.int32)[:, None]
+    neg = jnp.full((batch,), -jnp.inf, jnp.float32)
+    zero_i = jnp.zeros((batch,), jnp.int32)
+    init = (neg, zero_i, neg, jnp.zeros((batch,), jnp.float32), neg, zero_i)
+
+    def merge_max(best, best_id, tile, start):
+        t_max = jnp.max(tile, axis=1)
+        t_id = jnp.argmax(tile, axis=1).astype(jnp.int32) + start
+        better = t_max > best  # strict: earlier tiles (lower ids) win ties
+        return jnp.where(better, t_max, best), jnp.where(better, t_id, best_id)
+
+    def step(carry, w_tile, start):
+        m, am, lm, ls, sm, sid = carry
+        logits = _logits(h_bd, w_tile)
+        m, am = merge_max(m, am, logits, start)
+        if want_lse:
+            new = jnp.maximum(lm, jnp.max(logits, axis=1))
+            ls = ls * jnp.exp(lm - new) + jnp.sum(jnp.exp(logits - new[:, None]), axis=1)
+            lm = new
+        if seeds is not None:
+            tok = start + jnp.arange(w_tile.shape[0], dtype=jnp.int32)[None, :]
+            scores = logits * inv_temperature + noise.gumbel(seeds, rows, tok)
+            sm, sid = merge_max(sm, sid, scores, start)
+        return (m, am, lm, ls, sm, sid), None
+
+    (m, am, lm, ls, _, sid), _ = _scan_tiles(step, init, w_vd, block_v)
+    return _Stats(m, am, lm + jnp.log(ls), sid)
+
+
+def _xla_decode(
+    h_bd: jax.Array, w_vd: jax.Array, seeds: jax.Array | None, inv_temperature: jax.Array
+) -> _Stats:
+    logits = _logits(h_bd, w_vd)
+    sample_b = jnp.zeros((h_bd.shape[0],), jnp.int32)
+    if seeds is not None:
+        rows = jnp.arange(h_bd.shape[0], dtype=jnp.int32)[:, None]
+        tok = jnp.arange(w_vd.shape[0], dtype=jnp.int32)[None, :]
+        scores = logits * inv_temperature + noise.gumbel(seeds, rows, tok)
+        sample_b = jnp.argmax(scores, axis=1).astype(jnp.int32)
+    return _Stats(
+        jnp.max(logits, axis=1),
+        jnp.argmax(logits, axis=1).astype(jnp.int32),
+        jax.nn.logsumexp(logits, axis=1),
+        sample_b,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Pallas dispatch (kernels live in pallas_kernels/, written by the kernel engineer)
+
+
+def _pallas_module(name: str):
+    import importlib
+
+    try:
+        return importlib.import_module(f"pallas_kernels.{name}")
+    except ImportError as exc:  # a kernel file not there yet: say so, never fall back silently
+        raise UserError(
+            f"impl='pallas' needs pallas_kernels.{name}, which is missing ({exc})"
+        ) from None
+
+
+def _pallas_decode_blocks(batch: int, vocab: int, d_model: int, dtype: str, blocks: Any):
+    """(kernel function, blocks instance): fused decode for small B, tiled for large B."""
+    fused = _pallas_module("fused_decode")
+    tiled = _pallas_module("tiled_decode")
+    if isinstance(blocks, fused.DecodeBlocks):
+        return fused.fused_decode, blocks
+    if isinstance(blocks, tiled.TiledBlocks):
+        return tiled.tiled_decode, blocks
+    if isinstance(blocks, Mapping):
+        blocks = dict(blocks)
+        if blocks.pop("tiled", 0):  # profile rows mark the tiled kernel's blocks "tiled": 1
+            return tiled.tiled_decode, (tiled.TiledBlocks(**blocks) if blocks else None)
+        return fused.fused_decode, (fused.DecodeBlocks(**blocks) if blocks else None)
+    if blocks is not None:
+        raise UserError(f"impl='pallas' takes DecodeBlocks, TiledBlocks or a dict, got {blocks!r}")
+    if batch > _TILED_MIN_BATCH:
+        return tiled.tiled_decode, None
+    return fused.fused_decode, None
+
+
+# Above this batch the decode is compute-bound on every datasheet profile (ridge points 100-300
+# FLOP/byte at bf16 mean B ~ 2 x ridge): the tiled kernel, which reuses W tiles across B, wins.
+_TILED_MIN_BATCH = 64
+
+
+def _decode(
+    op: str,
+    h_bd: jax.Array,
+    w_vd: jax.Array,
+    *,
+    impl: str,
+    blocks: Any,
+    interpret: bool | None,
+    seeds: jax.Array | None = None,
+    inv_temperature: jax.Array | float = 1.0,
+    want_lse: bool = False,
+) -> _Stats:
+    h_bd, w_vd = _check_pair(h_bd, w_vd, op=op)
+    impl, blocks = _resolve(op, impl, h_bd, w_vd, blocks)
+    inv_temperature = jnp.asarray(inv_temperature, jnp.float32)
+    if impl == "xla":
+        return _xla_decode(h_bd, w_vd, seeds, inv_temperature)
+    if impl == "chunked":
+        return _chunked_decode(
+            h_bd,
+            w_vd,
+            seeds,
+            inv_temperature,
+            block_v=_chunk_blocks(blocks, h_bd, w_vd).block_v,
+            want_lse=want_lse,
+        )
+    vocab, d_model = w_vd.shape
+    kernel, kblocks = _pallas_decode_blocks(
+        h_bd.shape[0], vocab, d_model, dtype_name(w_vd.dtype), blocks
+    )
+    out = kernel(
+        h_bd,
+        w_vd,
+        seeds,
+        inv_temperature=inv_temperature,
+        blocks=kblocks,
+        interpret=_interpret(interpret),
+    )
+    return _Stats(out.max_b, out.argmax_b, out.lse_b, out.sample_b)
+
+
+def _chunk_blocks(blocks: Any, h_bd: jax.Array, w_vd: jax.Array) -> ChunkBlocks:
+    if isinstance(blocks, ChunkBlocks):
+        return blocks
+    if isinstance(blocks, Mapping) and blocks:
+        return ChunkBlocks(**blocks)
+    if isinstance(blocks, int):
+        return ChunkBlocks(block_v=blocks)
+    if blocks is not None and not isinstance(blocks, Mapping):
+        raise UserError(f"impl='chunked' takes ChunkBlocks, a dict or an int, got {blocks!r}")
+    vocab, d_model = w_vd.shape
+    return ChunkBlocks.default(h_bd.shape[0], vocab, d_model, dtype_name(w_vd.dtype))
+
+
+# --------------------------------------------------------------------------------------------
+# Public decode ops
+
+
+def greedy(
+    h_bd: jax.Array,
+    w_vd: jax.Array,
+    *,
+    impl: Impl = "auto",
+    blocks: Any = None,
+    interpret: bool | None = None,
+) -> jax.Array:
+    """The argmax token of ``h_bd @ w_vd.T`` per row, int32 (B,); lowest id on ties, -1 for a
+    row of ``h`` with a NaN or infinity. ``blocks``: ChunkBlocks / Pallas blocks / dict."""
+    stats = _decode("greedy", h_bd, w_vd, impl=impl, blocks=blocks, interpret=interpret)
+    return jnp.where(_bad_rows(h_bd), jnp.int32(-1), stats.argmax_b)
+
+
+def logsumexp(
+    h_bd: jax.Array,
+    w_vd: jax.Array,
+    *,
+    impl: Impl = "auto",
+    blocks: Any = None,
+    interpret: bool | None = None,
+) -> jax.Array:
+    """``log(sum_v exp(h . w_v))`` per row, float32 (B,); NaN for a row with a NaN."""
+    stats = _decode(
+        "logsumexp", h_bd, w_vd, impl=impl, blocks=blocks, interpret=interpret, want_lse=True
+    )
+    return jnp.where(_bad_rows(h_bd), jnp.float32(jnp.nan), stats.lse_b)
+
+
+def sample(
+    h_bd: jax.Array,
+    w_vd: jax.Array,
+    key: jax.Array,
+    temperature: float | jax.Array = 1.0,
+    top_k: int | None = None,
+    *,
+    impl: Impl = "auto",
+    blocks: Any = None,
+    interpret: bool | None = None,
+) -> jax.Array:
+    """A token per row drawn from ``softmax(logits / temperature)`` (restricted to the ``top_k``
+    largest logits when given), int32 (B,), by Gumbel-max.
+
+    The noise of (row, token id) is ``pallas_kernels.noise.gumbel(seeds_from_key(key), row, id)``
+    for every implementation and tiling, so the same key gives the same token whatever ``impl``
+    and ``blocks`` are. -1 for rows of ``h`` with a NaN, and for all rows when a traced
+    temperature is <= 0 (a concrete one raises ``UserError``).
+    """
+    inv_t = 1.0 / _check_temperature(temperature)
+    seeds = noise.seeds_from_key(key)
+    bad = _bad_rows(h_bd) | ~(inv_t > 0) | ~jnp.isfinite(inv_t)
+    if top_k is not None:
+        vals, ids = _top_k(h_bd, w_vd, top_k, impl=impl, blocks=blocks, interpret=interpret)
+        rows = jnp.arange(ids.shape[0], dtype=jnp.int32)[:, None]
+        scores = vals * inv_t + noise.gumbel(seeds, rows, ids)
+        pick = jnp.argmax(scores, axis=1)
+        token = jnp.take_along_axis(ids, pick[:, None], axis=1)[:, 0]
+    else:
+        stats = _decode(
+            "sample",
+            h_bd,
+            w_vd,
+            impl=impl,
+            blocks=blocks,
+            interpret=interpret,
+            seeds=seeds,
+            inv_temperature=inv_t,
+        )
+        token = stats.sample_b
+    return jnp.where(bad, jnp.int32(-1), token)
+
+
+def top_k(
+    h_bd: jax.Array,
+    w_vd: jax.Array,
+    k: int,
+    *,
+    impl: Impl = "auto",
+    blocks: Any = None,
+    interpret: bool | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """The ``k`` largest logits per row, descending, and their ids (lower id first on ties):
+    (float32 (B, k), int32 (B, k)). Rows of ``h`` with a NaN give NaN values and ids -1."""
+    vals, ids = _top_k(h_bd, w_vd, k, impl=impl, blocks=blocks, interpret=interpret)
+    bad = _bad_rows(h_bd)[:, None]
+    return jnp.where(bad, jnp.float32(jnp.nan), vals), jnp.where(bad, jnp.int32(-1), ids)
+
+
+def _top_k(h_bd, w_vd, k, *, impl, blocks, interpret):
+    h_bd, w_vd = _check_pair(h_bd, w_vd, op="top_k")
+    vocab = w_vd.shape[0]
+    if isinstance(k, bool) or not isinstance(k, int | np.integer):
+        raise UserError(f"top_k: k must be a Python int, got {k!r}")
+    if not 1 <= k <= vocab:
+        raise UserError(f"top_k: k={k} must be between 1 and V={vocab}")
+    k = int(k)
+    impl, blocks = _resolve("top_k", impl, h_bd, w_vd, blocks)
+    if impl == "xla":
+        vals, ids = lax.top_k(_logits(h_bd, w_vd), k)
+        return vals, ids.astype(jnp.int32)
+    if impl == "chunked":
+        return _chunked_top_k(h_bd, w_vd, k, _chunk_blocks(blocks, h_bd, w_vd).block_v)
+    mod = _pallas_module("fused_topk")
+    kblocks = blocks
+    if isinstance(blocks, Mapping):
+        kblocks = mod.TopKBlocks(**blocks) if blocks and hasattr(mod, "TopKBlocks") else None
+    vals, ids = mod.fused_topk(h_bd, w_vd, k, blocks=kblocks, interpret=_interpret(interpret))
+    return vals, ids.astype(jnp.int32)
+
+
+def _chunked_top_k(h_bd, w_vd, k: int, block_v: int):
+    batch = h_bd.shape[0]
+    init = (jnp.full((batch, k), -jnp.inf, jnp.float32), jnp.zeros((batch, k), jnp.int32))
+
+    def step(carry, w_tile, start):
+        vals, ids = carry
+        logits = _logits(h_bd, w_tile)
+        t_vals, t_ids = lax.top_k(logits, min(k, w_tile.shape[0]))
+        # Running entries first: lax.top_k keeps the lower position first on ties, and every
+        # running id is below this tile's ids, so ties resolve to the lowest id.
+        cat_vals = jnp.concatenate([vals, t_vals], axis=1)
+        cat_ids = jnp.concatenate([ids, t_ids.astype(jnp.int32) + start], axis=1)
+        new_vals, pos = lax.top_k(cat_vals, k)
+        return (new_vals, jnp.take_along_axis(cat_ids, pos, axis=1)), None
+
+    (vals, ids), _ = _scan_tiles(step, init, w_vd, block_v)
+    return vals, ids
+
+
+# --------------------------------------------------------------------------------------------
+# Linear cross-entropy: one custom VJP shared by the chunked and Pallas backends
+
+
+@dataclasses.dataclass(frozen=True)
+class _CEBackend:
+    """How (lse, target logit) and their gradient are computed; static (hashable)."""
+
+    kind: str  # "chunked" or "pallas"
+    blocks: Any  # ChunkBlocks for chunked, CEBlocks (or None) for pallas
+    interpret: bool
+
+    def fwd(self, h_nd, w_vd, labels_n):
+        if self.kind == "chunked":
+            return _chunked_ce_fwd(h_nd, w_vd, labels_n, self.blocks.block_v)
+        mod = _pallas_module("linear_ce")
+        return mod.linear_ce_fwd(h_nd, w_vd, labels_n, blocks=self.blocks, interpret=self.interpret)
+
+    def bwd(self, h_nd, w_vd, labels_n, lse_n, g_lse_n, g_target_n):
+        if self.kind == "chunked":
+            return _chunked_ce_bwd(
+                h_nd, w_vd, labels_n, lse_n, g_lse_n, g_target_n, self.blocks.block_v
+            )
+        mod = _pallas_module("linear_ce")
+        return mod.linear_ce_bwd(
+            h_nd,
+            w_vd,
+            labels_n,
+            lse_n,
+            g_lse_n,
+            g_target_n,
+            blocks=self.blocks,
+            interpret=self.interpret,
+        )
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _lse_target(backend: _CEBackend, h_nd, w_vd, labels_n):
+    """(logsumexp of the logits, the logit at ``labels``; 0 where label < 0), float32 (N,).
+
+    The backward recomputes the logits tile by tile from h and W (nothing N x V is saved).
+    """
+    return backend.fwd(h_nd, w_vd, labels_n)
+
+
+def _lse_target_fwd(backend, h_nd, w_vd, labels_n):
+    lse_n, target_n = backend.fwd(h_nd, w_vd, labels_n)
+    return (lse_n, target_n), (h_nd, w_vd, labels_n, lse_n)
+
+
+def _lse_target_bwd(backend, residuals, cotangents):
+    h_nd, w_vd, labels_n, lse_n = residuals
+    g_lse_n, g_target_n = cotangents
+    dh_nd, dw_vd = backend.bwd(
+        h_nd,
+        w_vd,
+        labels_n,
+        lse_n,
+        g_lse_n.astype(jnp.float32),
+        g_target_n.astype(jnp.float32),
+    )
+    return dh_nd.astype(h_nd.dtype), dw_vd.astype(w_vd.dtype), None
+
+
+_lse_target.defvjp(_lse_target_fwd, _lse_target_bwd)
+
+
+def _chunked_ce_fwd(h_nd, w_vd, labels_n, block_v: int):
+    n = h_nd.shape[0]
+    init = (
+        jnp.full((n,), -jnp.inf, jnp.float32),
+        jnp.zeros((n,), jnp.float32),
+        jnp.zeros((n,), jnp.float32),
+    )
+
+    def step(carry, w_tile, start):
+        m, s, target = carry
+        logits = _logits(h_nd, w_tile)
+        new = jnp.maximum(m, jnp.max(logits, axis=1))
+        s = s * jnp.exp(m - new) + jnp.sum(jnp.exp(logits - new[:, None]), axis=1)
+        local = labels_n - start
+        inside = (local >= 0) & (local < w_tile.shape[0])
+        picked = jnp.take_along_axis(logits, jnp.clip(local, 0, w_tile.shape[0] - 1)[:, None], 1)
+        target = target + jnp.where(inside, picked[:, 0], 0.0)
+        return (new, s, target), None
+
+    (m, s, target), _ = _scan_tiles(step, init, w_vd, block_v)
+    return m + jnp.log(s), target
+
+
+def _chunked_ce_bwd(h_nd, w_vd, labels_n, lse_n, g_lse_n, g_target_n, block_v: int):
+    """dh, dW of sum(g_lse * lse + g_target * target) with the logits recomputed per tile;
+    the small matmuls run in float32 (dlogits are never rounded to bf16)."""
+    h32 = h_nd.astype(jnp.float32)
+
+    def step(dh, w_tile, start):
+        logits = _logits(h_nd, w_tile)
+        ids = start + jnp.arange(w_tile.shape[0], dtype=jnp.int32)
+        dlogits = g_lse_n[:, None] * jnp.exp(logits - lse_n[:, None])
+        dlogits = dlogits + jnp.where(labels_n[:, None] == ids[None, :], g_target_n[:, None], 0.0)
+        w32 = w_tile.astype(jnp.float32)
+        hi = lax.Precision.HIGHEST
+        dh = dh + jnp.dot(dlogits, w32, precision=hi)
+        dw_tile = jnp.dot(dlogits.T, h32, precision=hi).astype(w_vd.dtype)
+        return dh, dw_tile
+
+    dh, parts = _scan_tiles(step, jnp.zeros(h_nd.shape, jnp.float32), w_vd, block_v)
+    dw = [p.reshape(-1, w_vd.shape[1]) for p in parts]
+    return dh, (dw[0] if len(dw) == 1 else jnp.concatenate(dw, axis=0))
+
+
+def _xla_lse_target(h_nd, w_vd, labels_n):
+    logits = _logits(h_nd, w_vd)
+    picked = jnp.take_along_axis(logits, jnp.clip(labels_n, 0, w_vd.shape[0] - 1)[:, None], 1)
+    return jax.nn.logsumexp(logits, axis=1), jnp.where(labels_n >= 0, picked[:, 0], 0.0)
+
+
+def linear_cross_entropy(
+    h_nd: jax.Array,
+    w_vd: jax.Array,
+    labels_n: jax.Array,
+    *,
+    ignore_index: int = -100,
+    reduction: Literal["mean", "sum", "none"] = "mean",
+    z_loss: float = 0.0,
+    impl: Impl = "auto",
+    blocks: Any = None,
+    interpret: bool | None = None,
+) -> jax.Array:
+    """Cross-entropy of ``softmax(h @ w.T)`` against ``labels``, float32, without the N x V logits.
+
+    ``h`` is (..., D) and ``labels`` the matching (...) int array; per token the loss is
+    ``lse - logit[label] + z_loss * lse**2`` (the z-loss of PaLM). Tokens whose label equals
+    ``ignore_index`` count zero and are left out of the mean (an all-ignored batch gives 0
+    with zero gradient). ``reduction="none"`` returns the (...) per-token losses.
+
+    ``chunked`` and ``pallas`` share one ``jax.custom_vjp``: the forward keeps only h, W, labels
+    and the (N,) log-sum-exp; the backward recomputes each vocabulary tile. ``xla`` differentiates
+    the materialized logits.
+    """
+    if reduction not in REDUCTIONS:
+        raise UserError(f"unknown reduction {reduction!r} (choose from {', '.join(REDUCTIONS)})")
+    if not isinstance(z_loss, int | float) or not math.isfinite(z_loss) or z_loss < 0:
+        raise UserError(f"z_loss={z_loss!r} must be a finite number >= 0")
+    lead = labels_n.shape
+    if h_nd.shape[:-1] != lead:
+        raise UserError(
+            f"linear_cross_entropy: h has shape {tuple(h_nd.shape)} but labels {tuple(lead)}; "
+            "labels must match h without its last axis"
+        )
+    if not jnp.issubdtype(labels_n.dtype, jnp.integer):
+        raise UserError(f"linear_cross_entropy: labels must be integers, got {labels_n.dtype}")
+    h_nd = h_nd.reshape(-1, h_nd.shape[-1]) if h_nd.ndim != 2 else h_nd
+    labels = labels_n.reshape(-1).astype(jnp.int32)
+    h_nd, w_vd = _check_pair(h_nd, w_vd, op="linear_cross_entropy")
+    vocab = w_vd.shape[0]
+    _check_labels(labels_n, vocab, ignore_index)
+    impl, blocks = _resolve("linear_cross_entropy", impl, h_nd, w_vd, blocks)
+
+    valid = labels != ignore_index
+    out_of_range = valid & ((labels < 0) | (labels >= vocab))
+    kernel_labels = jnp.where(valid & ~out_of_range, labels, -1)
+    if impl == "xla":
+        lse, target = _xla_lse_target(h_nd, w_vd, kernel_labels)
+    else:
+        lse, target = _lse_target(
+            _ce_backend(impl, blocks, interpret, h_nd, w_vd), h_nd, w_vd, kernel_labels
+        )
+    per_token = lse - target
+    if z_loss:
+        per_token = per_token + jnp.float32(z_loss) * lse * lse
+    per_token = jnp.where(valid, per_token, 0.0)
+    per_token = jnp.where(out_of_range, jnp.float32(jnp.nan), per_token)
+    if reduction == "none":
+        return per_token.reshape(lead)
+    total = jnp.sum(per_token)
+    if reduction == "sum":
+        return total
+    count = jnp.sum(valid.astype(jnp.float32))
+    return total / jnp.maximum(count, 1.0)
+
+
+def _ce_backend(impl, blocks, interpret, h_nd, w_vd) -> _CEBackend:
+    if impl == "chunked":
+        return _CEBackend("chunked", _chunk_blocks(blocks, h_nd, w_vd), False)
+    mod = _pallas_module("linear_ce")
+    if isinstance(blocks, Mapping):
+        blocks = mod.CEBlocks(**blocks) if blocks else None
+    return _CEBackend("pallas", blocks, _interpret(interpret))
+
+
+def _check_labels(labels: jax.Array, vocab: int, ignore_index: int) -> None:
+    """Concrete labels are checked now (one line naming the first bad one); traced ones give NaN."""
+    if isinstance(labels, jax.core.Tracer):
+        return
+    values = np.asarray(labels)
+    bad = (values != ignore_index) & ((values < 0) | (values >= vocab))
+    if bad.any():
+        first = values[bad].flat[0]
+        raise UserError(
+            f"linear_cross_entropy: label {int(first)} is outside [0, V={vocab}) and is not "
+            f"ignore_index={ignore_index} ({int(bad.sum())} such label(s))"
+        )
+
+
+__all__ = [
+    "IMPLS",
+    "OPS",
+    "ChunkBlocks",
+    "Choice",
+    "arithmetic_intensity",
+    "device_profile",
+    "greedy",
+    "linear_cross_entropy",
+    "logsumexp",
+    "sample",
+    "select",
+    "set_device_profile",
+    "top_k",
+    "unembed_cost",
+    "using_device_profile",
+]
