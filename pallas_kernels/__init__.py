@@ -1,6 +1,7 @@
 """Pallas kernels for the unembedding, one kernel per file, each beside its pure-jnp reference.
 
 - ``fused_decode``: memory-oriented decode statistics (max, argmax, logsumexp, sample).
+- ``tiled_decode``: the same statistics, compute-oriented tiling for large batches.
 - ``linear_ce``: fused linear cross-entropy forward (lse, target logit) and backward (dh, dW).
 - ``noise``: the counter-based Gumbel noise every sampler shares.
 """
@@ -14,6 +15,7 @@ from pallas_kernels.linear_ce import (
     linear_ce_fwd,
     linear_ce_fwd_reference,
 )
+from pallas_kernels.tiled_decode import TiledBlocks, tiled_decode, tiled_decode_reference
 
 __all__ = [
     "CEBlocks",
@@ -25,4 +27,7 @@ __all__ = [
     "linear_ce_bwd_reference",
     "linear_ce_fwd",
     "linear_ce_fwd_reference",
+    "TiledBlocks",
+    "tiled_decode",
+    "tiled_decode_reference",
 ]

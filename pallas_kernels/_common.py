@@ -19,6 +19,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels import noise
+
 # Larger than any vocabulary id: the "no index" value inside min-reductions over ids.
 BIG_ID = 2**31 - 1
 NEG_INF = float("-inf")
@@ -97,6 +99,33 @@ def tile_max_argmax(x_bv: jax.Array, ids_v: jax.Array) -> tuple[jax.Array, jax.A
     hit = x_bv == m_b[:, None]
     arg_b = jnp.min(jnp.where(hit, ids_v, BIG_ID), axis=1)
     return m_b, arg_b
+
+
+def tile_decode_stats(logits_bv, v0, vocab: int, rows_b, seeds, inv_t):
+    """Decode statistics of one logit tile, inside a kernel.
+
+    ``logits_bv`` (rows, block_v) f32 are the logits of tokens ``v0 : v0 + block_v``; those past
+    ``vocab`` are masked out. ``rows_b`` are the tiles' global row ids (for the noise). With
+    ``seeds`` (a pair of uint32 scalars) also the Gumbel-max candidate of the tile.
+
+    Returns a dict of (rows,) arrays: max, argmax (lowest id), lse and, with seeds, score (the
+    best ``logit * inv_t + gumbel``) and sample (its lowest id).
+    """
+    block_v = logits_bv.shape[1]
+    ids_v = v0 + jnp.arange(block_v, dtype=jnp.int32)
+    valid = (ids_v < vocab)[None, :]
+    logits_bv = jnp.where(valid, logits_bv, NEG_INF)
+    m_b, arg_b = tile_max_argmax(logits_bv, ids_v[None, :])
+    out = {
+        "max": m_b,
+        "argmax": arg_b,
+        "lse": m_b + jnp.log(jnp.sum(jnp.exp(logits_bv - m_b[:, None]), axis=1)),
+    }
+    if seeds is not None:
+        g_bv = noise.gumbel(seeds, rows_b[:, None], ids_v[None, :])
+        score_bv = jnp.where(valid, logits_bv * inv_t + g_bv, NEG_INF)
+        out["score"], out["sample"] = tile_max_argmax(score_bv, ids_v[None, :])
+    return out
 
 
 def merge_max_argmax(m_tb: jax.Array, arg_tb: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -22,7 +22,6 @@ from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels import noise
 from pallas_kernels._common import (
-    NEG_INF,
     DecodeStats,
     cdiv,
     check_hw,
@@ -34,8 +33,8 @@ from pallas_kernels._common import (
     pad_rows,
     pallas_call_maybe_poisoned,
     prepare_seeds,
+    tile_decode_stats,
     tile_logits,
-    tile_max_argmax,
 )
 
 
@@ -106,22 +105,16 @@ def _fused_decode_kernel(
     logits_bv = tile_logits(
         h_ref, w_ref, 0, vocab - v0, block_v=block_v, block_d=block_d, d_model=d_model
     )
-    ids_v = v0 + jnp.arange(block_v, dtype=jnp.int32)
-    valid_v = ids_v < vocab
-    logits_bv = jnp.where(valid_v[None, :], logits_bv, NEG_INF)
-
-    m_b, arg_b = tile_max_argmax(logits_bv, ids_v[None, :])
-    max_ref[...] = m_b
-    arg_ref[...] = arg_b
-    lse_ref[...] = m_b + jnp.log(jnp.sum(jnp.exp(logits_bv - m_b[:, None]), axis=1))
-
+    rows_b = i * block_b + jnp.arange(block_b, dtype=jnp.int32)
     if has_seeds:
-        rows_b = i * block_b + jnp.arange(block_b, dtype=jnp.int32)
-        g_bv = noise.gumbel((seeds_ref[0], seeds_ref[1]), rows_b[:, None], ids_v[None, :])
-        score_bv = jnp.where(valid_v[None, :], logits_bv * invt_ref[0] + g_bv, NEG_INF)
-        s_b, s_arg_b = tile_max_argmax(score_bv, ids_v[None, :])
-        score_ref[...] = s_b
-        sample_ref[...] = s_arg_b
+        seeds, inv_t = (seeds_ref[0], seeds_ref[1]), invt_ref[0]
+        out_refs = (max_ref, arg_ref, lse_ref, score_ref, sample_ref)
+    else:
+        seeds, inv_t = None, None
+        out_refs = (max_ref, arg_ref, lse_ref)
+    stats = tile_decode_stats(logits_bv, v0, vocab, rows_b, seeds, inv_t)
+    for ref, value in zip(out_refs, stats.values(), strict=True):
+        ref[...] = value
 
 
 def _decode_partials(

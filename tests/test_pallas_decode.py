@@ -1,7 +1,12 @@
-"""Fused decode kernel against float64 ground truth and its jnp reference (GPU and interpret)."""
+"""Both decode kernels (fused, tiled) against float64 ground truth and the jnp reference.
+
+One test base runs either kernel: a concrete class names the kernel, its partials function, its
+blocks and its shapes; each kernel has a ``gpu`` class and an interpret-mode class.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 
 import jax
@@ -24,36 +29,53 @@ from pallas_kernels.fused_decode import (
     fused_decode,
     fused_decode_reference,
 )
+from pallas_kernels.tiled_decode import TiledBlocks, _tiled_partials, tiled_decode
 
 # Max and logsumexp against float64 logits of the same (rounded) inputs: float32 accumulation
 # over d_model = 768 terms. bf16 has more room for tensor-core accumulation order on GPU.
 TOL = {jnp.float32: (1e-5, 1e-5), jnp.bfloat16: (1e-4, 1e-4)}
 ARGMAX_GAP = 1e-3  # top-2 gaps below this may flip in float32; such rows are checked by value
 
-# (B, V, D): the issue's odd shape at B = 1 and 3, and a small shape where B straddles tiles.
-SHAPES = [(1, 50257, 768), (3, 50257, 768), (37, 1000, 100)]
+F32, BF16 = jnp.float32, jnp.bfloat16
 
 
-class FusedDecodeTestBase:
+def pytest_generate_tests(metafunc):
+    """Each concrete class lists its own (shape, dtype) cases."""
+    if "case" in metafunc.fixturenames:
+        cases = metafunc.cls.CASES
+        ids = [f"{b}x{v}x{d}-{jnp.dtype(t).name}" for (b, v, d), t in cases]
+        metafunc.parametrize("case", cases, ids=ids)
+
+
+class DecodeKernelTestBase:
     INTERPRET = False
+    CASES: list = []  # ((B, V, D), dtype) for test_matches_float64
+
+    def kernel(self, *args, **kw):
+        raise NotImplementedError
+
+    def partials(self, *args, **kw):
+        raise NotImplementedError
 
     def blocks(self, batch, vocab, d_model, dtype):
-        if self.INTERPRET:
-            # Interpret mode pays per grid step: few, large tiles (still ragged in V and B).
-            block_b = 16 if batch > 16 else 4
-            block_v = 8192 if vocab > 8192 else 128
-            return DecodeBlocks(block_v=block_v, block_b=block_b, block_d=256)
-        return DecodeBlocks.default(batch, vocab, d_model, dtype)
+        raise NotImplementedError
+
+    def tilings(self) -> list:
+        """Three different tilings of the (5, 1000, 100) shape."""
+        raise NotImplementedError
+
+    def rows_per_partial(self, blocks) -> int:
+        """How many token ids one partial (one row of the partial outputs) covers."""
+        raise NotImplementedError
 
     def decode(self, h_bd, w_vd, seeds=None, blocks=None, **kw):
         if blocks is None:
             blocks = self.blocks(h_bd.shape[0], w_vd.shape[0], w_vd.shape[1], h_bd.dtype)
-        return fused_decode(h_bd, w_vd, seeds, blocks=blocks, interpret=self.INTERPRET, **kw)
+        return self.kernel(h_bd, w_vd, seeds, blocks=blocks, interpret=self.INTERPRET, **kw)
 
-    @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-    @pytest.mark.parametrize("shape", SHAPES)
-    def test_matches_float64(self, shape, dtype):
-        batch, vocab, d_model = shape
+    def test_matches_float64(self, case):
+        (batch, vocab, d_model), dtype = case
+        shape = (batch, vocab, d_model)
         seed = zlib.crc32(repr(shape).encode())
         h_bd, w_vd = random_hw(seed, batch, vocab, d_model, dtype)
         seeds = noise.seeds_from_key(jax.random.key(seed))
@@ -86,12 +108,7 @@ class FusedDecodeTestBase:
         h_bd, w_vd = random_hw(3, batch, vocab, d_model, jnp.float32)
         seeds = noise.seeds_from_key(jax.random.key(11))
         ref = fused_decode_reference(h_bd, w_vd, seeds, inv_temperature=1.3)
-        tilings = [
-            DecodeBlocks(block_v=128, block_b=4, block_d=32),
-            DecodeBlocks(block_v=256, block_b=8, block_d=64),
-            DecodeBlocks(block_v=1024, block_b=16, block_d=128),
-        ]
-        for blocks in tilings:
+        for blocks in self.tilings():
             out = self.decode(h_bd, w_vd, seeds, blocks=blocks, inv_temperature=1.3)
             np.testing.assert_array_equal(out.sample_b, ref.sample_b, err_msg=str(blocks))
             np.testing.assert_array_equal(out.argmax_b, ref.argmax_b, err_msg=str(blocks))
@@ -108,7 +125,12 @@ class FusedDecodeTestBase:
         h1, w_vd = random_hw(5, 1, vocab, d_model, jnp.float32, scale=1.5)
         h_bd = jnp.tile(h1, (n, 1))
         seeds = noise.seeds_from_key(jax.random.key(6))
-        blocks = DecodeBlocks(block_v=8, block_b=1024, block_d=16)  # V = 13: a ragged tile
+        # Wide batch tiles for speed; V = 13 leaves a ragged vocabulary tile.
+        blocks = dataclasses.replace(
+            self.tilings()[0],
+            block_b=1024 if self.INTERPRET else 64,
+            block_v=8 if self.INTERPRET else 16,
+        )
         out = self.decode(h_bd, w_vd, seeds, blocks=blocks, inv_temperature=inv_t)
         counts = np.bincount(np.asarray(out.sample_b), minlength=vocab)
         assert counts.shape == (vocab,)
@@ -127,8 +149,8 @@ class FusedDecodeTestBase:
         batch, vocab, d_model = 5, 1000, 100
         h_bd, w_vd = random_hw(8, batch, vocab, d_model, jnp.float32)
         seeds = noise.seeds_from_key(jax.random.key(9))
-        blocks = DecodeBlocks(block_v=128, block_b=4, block_d=64)
-        parts = _decode_partials(
+        blocks = self.tilings()[0]
+        parts = self.partials(
             h_bd, w_vd, seeds, 1.0, blocks=blocks, interpret=self.INTERPRET, poison=True
         )
         for name in ("max", "lse", "score"):
@@ -136,8 +158,8 @@ class FusedDecodeTestBase:
         for name in ("argmax", "sample"):
             ids = np.asarray(parts[name])
             assert ((ids >= 0) & (ids < vocab)).all(), name
-        # Tile j's ids lie in tile j.
-        tile_of = np.asarray(parts["argmax"]) // blocks.block_v
+        # Partial j's ids lie in its own part of the vocabulary.
+        tile_of = np.asarray(parts["argmax"]) // self.rows_per_partial(blocks)
         np.testing.assert_array_equal(
             tile_of, np.broadcast_to(np.arange(len(tile_of))[:, None], tile_of.shape)
         )
@@ -169,18 +191,86 @@ class FusedDecodeTestBase:
         with pytest.raises(ValueError, match="dtype"):
             self.decode(h_bd, w_vd.astype(jnp.bfloat16))
         with pytest.raises(ValueError, match="block_v=100"):
-            DecodeBlocks(block_v=100)
+            type(self.tilings()[0])(block_v=100)
         with pytest.raises(ValueError, match="seeds"):
             self.decode(h_bd, w_vd, jnp.zeros((3,), jnp.uint32))
 
 
 def test_blocks_default_and_candidates():
-    b = DecodeBlocks.default(1, 50257, 768, jnp.bfloat16)
+    b = DecodeBlocks.default(1, 50257, 768, BF16)
     assert b.block_b == 16 and b.block_v == 128
-    assert DecodeBlocks.default(40, 50257, 768, jnp.bfloat16).block_b == 64
-    cands = DecodeBlocks.candidates(3, 50257, 768, jnp.bfloat16)
-    assert cands[0] == DecodeBlocks.default(3, 50257, 768, jnp.bfloat16)
-    assert len(set(cands)) == len(cands) and all(isinstance(c, DecodeBlocks) for c in cands)
+    assert DecodeBlocks.default(40, 50257, 768, BF16).block_b == 64
+    t = TiledBlocks.default(512, 50257, 768, BF16)
+    assert (t.block_b, t.block_v, t.tiles_per_program) == (128, 128, 8)
+    for cls in (DecodeBlocks, TiledBlocks):
+        cands = cls.candidates(3, 50257, 768, BF16)
+        assert cands[0] == cls.default(3, 50257, 768, BF16)
+        assert len(set(cands)) == len(cands) and all(isinstance(c, cls) for c in cands)
+
+
+class FusedDecodeTestBase(DecodeKernelTestBase):
+    # The issue's odd shape at B = 1 and 3, and a small shape where B straddles batch tiles.
+    CASES = [
+        (s, t) for s in [(1, 50257, 768), (3, 50257, 768), (37, 1000, 100)] for t in (F32, BF16)
+    ]
+
+    def kernel(self, *args, **kw):
+        return fused_decode(*args, **kw)
+
+    def partials(self, *args, **kw):
+        return _decode_partials(*args, **kw)
+
+    def blocks(self, batch, vocab, d_model, dtype):
+        if self.INTERPRET:
+            # Interpret mode pays per grid step: few, large tiles (still ragged in V and B).
+            block_b = 16 if batch > 16 else 4
+            block_v = 8192 if vocab > 8192 else 128
+            return DecodeBlocks(block_v=block_v, block_b=block_b, block_d=256)
+        return DecodeBlocks.default(batch, vocab, d_model, dtype)
+
+    def tilings(self):
+        return [
+            DecodeBlocks(block_v=128, block_b=4, block_d=32),
+            DecodeBlocks(block_v=256, block_b=8, block_d=64),
+            DecodeBlocks(block_v=1024, block_b=16, block_d=128),
+        ]
+
+    def rows_per_partial(self, blocks):
+        return blocks.block_v
+
+
+class TiledDecodeTestBase(DecodeKernelTestBase):
+    # Large batch (B = 513 straddles batch tiles) on the issue's shape, plus B = 3 and small.
+    CASES = [
+        ((513, 50257, 768), F32),
+        ((3, 50257, 768), BF16),
+        ((37, 1000, 100), F32),
+        ((37, 1000, 100), BF16),
+    ]
+
+    def kernel(self, *args, **kw):
+        return tiled_decode(*args, **kw)
+
+    def partials(self, *args, **kw):
+        return _tiled_partials(*args, **kw)
+
+    def blocks(self, batch, vocab, d_model, dtype):
+        if self.INTERPRET:
+            if vocab > 8192:
+                block_b = 256 if batch > 16 else 4
+                return TiledBlocks(block_b=block_b, block_v=4096, block_d=1024, tiles_per_program=2)
+            return TiledBlocks(block_b=16, block_v=128, block_d=32, tiles_per_program=3)
+        return TiledBlocks.default(batch, vocab, d_model, dtype)
+
+    def tilings(self):
+        return [
+            TiledBlocks(block_b=16, block_v=128, block_d=32, tiles_per_program=3),
+            TiledBlocks(block_b=4, block_v=64, block_d=64, tiles_per_program=5),
+            TiledBlocks(block_b=8, block_v=256, block_d=128, tiles_per_program=1),
+        ]
+
+    def rows_per_partial(self, blocks):
+        return blocks.block_v * blocks.tiles_per_program
 
 
 @pytest.mark.gpu
@@ -189,4 +279,13 @@ class TestFusedDecodeGpu(FusedDecodeTestBase):
 
 
 class TestFusedDecodeInterpret(FusedDecodeTestBase):
+    INTERPRET = True
+
+
+@pytest.mark.gpu
+class TestTiledDecodeGpu(TiledDecodeTestBase):
+    INTERPRET = False
+
+
+class TestTiledDecodeInterpret(TiledDecodeTestBase):
     INTERPRET = True
