@@ -23,7 +23,7 @@ from vocabjax.lifecycle import (
     break_even_rows,
     sweep,
 )
-from vocabjax.plots import _pyplot, save_figure
+from vocabjax.plots import _pyplot, plot_sweep, save_figure
 from vocabjax.render import human_size, markdown, pivot
 from vocabjax.shapes import load_shape
 
@@ -138,8 +138,23 @@ def kv_gain() -> str:
     return markdown(rows)
 
 
+def default_figure() -> None:
+    """The figure `python cli.py sweep --plot` draws, for the default device and model."""
+    runs = []
+    for mode in MODES:
+        cm = CostModel(load_device("a100-80gb"), load_shape("paper-1.5b"), Settings(mode=mode))
+        runs.append((cm, sweep(cm, Grid())))
+    plot_sweep(
+        runs,
+        figure_path("sweep_default.png"),
+        caption="python sims/simulator.py "
+        "(= python cli.py sweep --plot ..., once per --cost-model)",
+    )
+
+
 def main() -> None:
     s = Settings()
+    default_figure()
     inf_md, _ = inference_optimal()
     body = f"""Every number below is computed by `vocabjax` from builtin datasheet profiles
 (`vocabjax/hardware.py`), builtin shapes (`vocabjax/shapes.py`) and the default compression curve
@@ -147,6 +162,13 @@ def main() -> None:
 {s.output_bytes:g} bytes, bf16 weights and KV cache, unfused logits. `weights-only` drops attention
 and KV-cache terms (the simplification under which the paper's claims compare); `full` keeps them.
 Measured profiles (`python cli.py autotune`, `tokenizer measure`) replace these inputs.
+
+## The default sweep
+
+`python cli.py sweep` on its defaults (a100-80gb, paper-1.5b), both cost modes: V* over
+(B, lambda) and the inference cost per byte against V for each B.
+
+![default sweep](sweep_default.png)
 
 ## Inference-optimal V against B (lambda -> infinity)
 

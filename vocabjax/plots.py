@@ -54,7 +54,14 @@ def plot_sweep(
     for (model, res), (ax_map, ax_cost) in zip(runs, axes, strict=True):
         g = res.grid
         v_star = np.where(res.v_star >= 0, np.asarray(g.vocab)[np.maximum(res.v_star, 0)], np.nan)
-        im = ax_map.imshow(np.log2(v_star), origin="lower", aspect="auto", cmap="viridis")
+        im = ax_map.imshow(
+            np.log2(v_star),
+            origin="lower",
+            aspect="auto",
+            cmap="viridis",
+            vmin=math.log2(g.vocab[0]),
+            vmax=math.log2(g.vocab[-1]) if len(g.vocab) > 1 else None,
+        )
         ax_map.set_xticks(range(len(g.lam)), [f"{x:g}" for x in g.lam])
         ax_map.set_yticks(range(len(g.batch)), [str(b) for b in g.batch])
         ax_map.set_xlabel("lambda (bytes served / bytes trained)")
