@@ -2,12 +2,14 @@
 
 - ``fused_decode``: memory-oriented decode statistics (max, argmax, logsumexp, sample).
 - ``tiled_decode``: the same statistics, compute-oriented tiling for large batches.
+- ``fused_topk``: top-k values and ids (per-tile candidates, one sort to merge).
 - ``linear_ce``: fused linear cross-entropy forward (lse, target logit) and backward (dh, dW).
 - ``noise``: the counter-based Gumbel noise every sampler shares.
 """
 
 from pallas_kernels._common import DecodeStats
 from pallas_kernels.fused_decode import DecodeBlocks, fused_decode, fused_decode_reference
+from pallas_kernels.fused_topk import TopKBlocks, fused_topk, fused_topk_reference
 from pallas_kernels.linear_ce import (
     CEBlocks,
     linear_ce_bwd,
@@ -28,6 +30,9 @@ __all__ = [
     "linear_ce_fwd",
     "linear_ce_fwd_reference",
     "TiledBlocks",
+    "TopKBlocks",
+    "fused_topk",
+    "fused_topk_reference",
     "tiled_decode",
     "tiled_decode_reference",
 ]
