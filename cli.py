@@ -676,5 +676,82 @@ def tokenizer_prune(spec, corpus_spec, field, split, held_out, max_bytes, vocab,
 # ---- kernels: autotune ----------------------------------------------------------------------
 
 
+def _op_list(ctx, param, value):
+    from vocabjax.unembed import OPS
+
+    if value is None:
+        return None
+    ops = [v.strip() for v in value.split(",") if v.strip()]
+    bad = [o for o in ops if o not in OPS]
+    if bad or not ops:
+        raise click.BadParameter(f"{', '.join(bad) or repr(value)} (choose from {', '.join(OPS)})")
+    return list(dict.fromkeys(ops))
+
+
+@main.command(context_settings=CONTEXT)
+@click.option(
+    "--vocab", type=SizeList(), help="Vocabulary sizes V [default: 8k..512k; quick 8k,32k,128k]."
+)
+@click.option("--batch", type=SizeList(), help="Batch sizes B [default: 1..512; quick 1,8,64].")
+@click.option(
+    "--d-model", type=Size(), default=768, show_default=True, help="d_model of the served model."
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(["bf16", "f32"]),
+    default="bf16",
+    show_default=True,
+    help="Weight dtype of the unembedding.",
+)
+@click.option(
+    "--ops",
+    callback=_op_list,
+    help="Comma-separated ops to time [default: all five; quick: greedy,linear_cross_entropy].",
+)
+@click.option("--quick", is_flag=True, help="Small grid and fewer repeats: minutes on a CPU.")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False),
+    help="Device profile to write (atomically) [default: profiles/<device>.json].",
+)
+@format_option
+def autotune(vocab, batch, d_model, dtype, ops, quick, out, fmt):
+    """Measure this device's ceilings and time every unembedding kernel; write a device profile.
+
+    \b
+    Example:
+        python cli.py autotune --quick                     # CPU: a few minutes
+        python cli.py autotune --vocab 32k,128k --batch 1,64 --d-model 2048 --out gpu.json
+        python cli.py sweep --device profiles/cpu.json     # uses the measured ceilings and times
+    """
+    from vocabjax import autotune as at
+    from vocabjax.hardware import save_device
+
+    settings = at.Settings.quick() if quick else at.Settings()
+    run = at.autotune(
+        vocabs=vocab or (at.QUICK_VOCABS if quick else at.DEFAULT_VOCABS),
+        batches=batch or (at.QUICK_BATCHES if quick else at.DEFAULT_BATCHES),
+        d_model=d_model,
+        dtype=dtype,
+        ops=ops or (at.QUICK_OPS if quick else at.unembed.OPS),
+        settings=settings,
+        progress=log,
+    )
+    path = save_device(run.profile, out or at.default_out())
+    log(
+        f"wrote {path} ({len(run.profile.kernels)} timings, {len(run.failures)} failed checks, "
+        f"{run.seconds:.0f} s)"
+    )
+    for f in run.failures:
+        log(f"failed check: {f.op} V={f.vocab} B={f.batch} {f.impl} {f.blocks}: {f.error}")
+    if fmt == "json":
+        emit(render.json_text(run.profile.to_json()))
+        return
+    emit(f"ceilings of {run.profile.name} ({run.profile.source})")
+    emit(render.rows(run.ceiling_rows(), fmt))
+    emit("")
+    emit(render.rows(run.table_rows(), fmt))
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,0 +1,128 @@
+"""vocabjax.autotune on a tiny grid: ceilings, candidate checks, timing, the profile it writes."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vocabjax import autotune as at
+from vocabjax import unembed
+from vocabjax.errors import UserError
+from vocabjax.hardware import load_device, save_device
+
+TINY = dataclasses.replace(
+    at.Settings.quick(),
+    repeats=3,
+    rotate_bytes=2 * 2**20,
+    copy_bytes=16 * 2**20,
+    matmul_n={"f32": 256, "bf16": 256},
+)
+VOCABS, BATCHES, D = (1000, 3000), (1, 5), 64
+
+
+@pytest.fixture(scope="module")
+def ceilings():
+    return at.measure_ceilings(("f32", "bf16"), TINY)
+
+
+@pytest.fixture(scope="module")
+def run(ceilings):
+    return at.autotune(VOCABS, BATCHES, D, "f32", settings=TINY, ceilings=ceilings)
+
+
+def test_ceilings_are_measured(ceilings):
+    assert ceilings.hbm_bandwidth > 1e8  # any machine moves more than 100 MB/s
+    assert set(ceilings.peak_flops) == {"f32", "bf16"} and min(ceilings.peak_flops.values()) > 1e8
+    assert 0 < ceilings.launch_overhead_s < 0.1
+    assert ceilings.ridge_point("f32") == ceilings.peak_flops["f32"] / ceilings.hbm_bandwidth
+
+
+def test_every_point_has_a_checked_best_row(run):
+    prof = run.profile
+    assert prof.measured and not run.failures
+    points = {(op, v, b) for op in unembed.OPS for v in VOCABS for b in BATCHES}
+    assert {(r.op, r.vocab, r.batch) for r in prof.best} == points
+    assert len(prof.best) == len(points)
+    for best in prof.best:
+        same = [
+            r for r in prof.kernels if (r.op, r.vocab, r.batch) == (best.op, best.vocab, best.batch)
+        ]
+        assert {r.impl for r in same} >= {"xla", "chunked"}
+        assert best.time_s == min(r.time_s for r in same)
+    for r in prof.kernels:
+        floor = run.ceilings.floor_s(r.op, r.vocab, r.batch, r.d_model, r.dtype)
+        assert r.roofline_fraction == pytest.approx(floor / r.time_s)
+        assert r.d_model == D and r.dtype == "f32" and r.time_s > 0
+        if r.impl == "chunked":
+            assert set(r.blocks) == {"block_v"}
+
+
+def test_profile_round_trips_and_drives_the_selector(run, tmp_path):
+    path = save_device(run.profile, tmp_path / "dev.json")
+    loaded = load_device(path)
+    assert loaded.best == run.profile.best and loaded.kernels == run.profile.kernels
+    for best in loaded.best:
+        choice = unembed.select(best.op, best.vocab, best.batch, D, "f32", profile=loaded)
+        assert choice.impl == best.impl, (best, choice)
+        if best.impl == "chunked":
+            assert choice.blocks == best.blocks
+    rows = run.table_rows()
+    assert len(rows) == len(run.profile.kernels) and sum(r["best"] for r in rows) == len(
+        run.profile.best
+    )
+
+
+def test_a_wrong_candidate_is_reported_and_never_timed(monkeypatch, ceilings):
+    real = at._op_fn
+
+    def broken(op, cand):
+        fn = real(op, cand)
+        if cand.impl != "chunked":
+            return fn
+        return lambda *args: fn(*args) + 1  # every greedy id off by one
+
+    monkeypatch.setattr(at, "_op_fn", broken)
+    run = at.autotune((1000,), (3,), D, "f32", ops=("greedy",), settings=TINY, ceilings=ceilings)
+    assert run.failures and all(f.impl == "chunked" for f in run.failures)
+    assert "max abs error" in run.failures[0].error or "out of range" in run.failures[0].error
+    assert {r.impl for r in run.profile.kernels} == {"xla"}
+    assert [r.impl for r in run.profile.best] == ["xla"]
+
+
+def test_time_call_rotates_inputs_and_takes_the_median():
+    seen = []
+
+    def fn(x):
+        seen.append(int(x[0]))
+        return x
+
+    sets = [(jnp.full((2,), i),) for i in range(3)]
+    t = at.time_call(fn, sets, dataclasses.replace(TINY, warmup=2, repeats=5))
+    assert t >= 0 and set(seen) == {0, 1, 2} and len(seen) == 1 + 1 + 5
+
+
+def test_candidates_skip_pallas_on_cpu_and_start_with_the_baseline():
+    cands = at.candidates("greedy", 50257, 8, 768, "bf16", backend="cpu")
+    assert cands[0].impl == "xla" and {c.impl for c in cands} == {"xla", "chunked"}
+    sizes = [c.blocks.block_v for c in cands if c.impl == "chunked"]
+    assert len(sizes) == len(set(sizes)) and all(s & (s - 1) == 0 for s in sizes)
+
+
+def test_bad_grids_are_user_errors():
+    with pytest.raises(UserError, match=r"unknown op\(s\) beam"):
+        at.autotune((1000,), (1,), D, "f32", ops=("beam",), settings=TINY)
+    with pytest.raises(UserError, match=r"dtype 'fp8' is not one of bf16, f32"):
+        at.autotune((1000,), (1,), D, "fp8", settings=TINY)
+    with pytest.raises(UserError, match=r"batch sizes must be positive integers, got 0"):
+        at.autotune((1000,), (0,), D, "f32", settings=TINY)
+
+
+def test_default_grid_covers_the_cost_model_grid():
+    """The cost model interpolates greedy over (V, B): the default grid is the full product."""
+    assert at.DEFAULT_VOCABS[0] == 8192 and at.DEFAULT_VOCABS[-1] == 524288
+    assert at.DEFAULT_BATCHES[0] == 1 and at.DEFAULT_BATCHES[-1] == 512
+    assert np.all(np.diff(at.DEFAULT_VOCABS) > 0)
+    assert at.default_out("NVIDIA H200").endswith("profiles/nvidia-h200.json")
