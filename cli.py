@@ -535,9 +535,7 @@ def tokenizer_train(corpus_spec, field, split, held_out, max_bytes, vocab, out, 
     check_vocab_sizes(vocab, specials)
     corpus = _open_corpus(corpus_spec, field, held_out, max_bytes)
     log(f"corpus: {corpus.describe(split)}")
-    nested = train_nested(
-        corpus.texts(split, progress=log), vocab, specials=specials, progress=log
-    )
+    nested = train_nested(corpus.texts(split, progress=log), vocab, specials=specials, progress=log)
     source = f"tokenizer train --corpus {corpus_spec} --vocab {','.join(map(str, vocab))}"
     manifest = save_nested(nested, out, corpus=corpus.describe(split), source=source)
     log(f"wrote {len(manifest['levels'])} level(s) to {out}")
