@@ -282,7 +282,7 @@ def _linear_ce_dh_kernel(
 
         return lax.fori_loop(0, n_chunks, d_chunk, carry)
 
-    # The last range may hold fewer tiles (or none): loop only over tiles that exist.
+    # The last range may hold fewer tiles: loop only over tiles that exist.
     n_tiles = jnp.clip(lax.div(vocab - range0 + block_v - 1, block_v), 0, tiles_per_split)
     lax.fori_loop(0, n_tiles, v_tile, 0)
 
@@ -373,8 +373,8 @@ def _bwd_call(h_nd, w_vd, labels_n, lse_n, g_lse_n, g_target_n, *, blocks, inter
         pad_rows(g_target_n.astype(jnp.float32), n_pad),
     )
     statics = dict(vocab=vocab, d_model=d_model, block_v=bv, block_d=bd)
-    splits = min(blocks.dh_splits, nv)
-    tiles_per_split = cdiv(nv, splits)
+    tiles_per_split = cdiv(nv, min(blocks.dh_splits, nv))
+    splits = cdiv(nv, tiles_per_split)  # no empty ranges
     span = tiles_per_split * bv
     (dh_snd,) = pallas_call_maybe_poisoned(
         functools.partial(

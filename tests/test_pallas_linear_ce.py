@@ -76,7 +76,8 @@ class LinearCETestBase:
         if self.INTERPRET:
             # Few, large tiles for the interpreter; still ragged in N, V and (small case) D.
             if vocab > 8192:
-                return CEBlocks(block_n=256, block_v=8192, block_d=1024, dh_splits=8)
+                block_n = 256 if n_rows > 16 else 4  # padded rows cost as much as real ones
+                return CEBlocks(block_n=block_n, block_v=8192, block_d=1024, dh_splits=8)
             return CEBlocks(block_n=16, block_v=128, block_d=32, dh_splits=3)
         return CEBlocks.default(n_rows, vocab, d_model, dtype)
 
@@ -93,7 +94,7 @@ class LinearCETestBase:
     @pytest.mark.parametrize("shape,dtype", CASES)
     def test_fwd_bwd_match_float64(self, shape, dtype):
         n_rows, vocab, d_model = shape
-        h_nd, w_vd = random_hw(n_rows + vocab, n_rows, vocab, d_model, dtype)
+        h_nd, w_vd = random_hw(vocab, n_rows, vocab, d_model, dtype)  # W shared by N
         labels = make_labels(n_rows, n_rows, vocab)
         rng = np.random.default_rng(vocab)
         g_lse = jnp.asarray(rng.standard_normal(n_rows), jnp.float32)
