@@ -144,6 +144,15 @@ def write_doc(results, command: str, png: Path, md: Path) -> None:
             )
         lines.append(f"- {r['prune_note']}")
         lines += [f"- note: {n}" for n in r["notes"]]
+        if len(r["extra"]) == 2:
+            pruned, direct = r["extra"]
+            diff = pruned.bytes_per_token / direct.bytes_per_token - 1
+            overlap = pruned.ci95[0] <= direct.ci95[1] and direct.ci95[0] <= pruned.ci95[1]
+            lines.append(
+                f"- {pruned.tokenizer}: {pruned.bytes_per_token:.4f} bytes per token against "
+                f"{direct.bytes_per_token:.4f} for {direct.tokenizer}, {diff:+.2%} on the same "
+                f"held-out documents (the intervals {'overlap' if overlap else 'do not overlap'})"
+            )
         rows = [_row(p, "nested level") for p in r["levels"]]
         rows += [_row(p, p.tokenizer) for p in r["extra"]]
         lines += ["", render.markdown(rows), ""]
