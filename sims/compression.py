@@ -20,7 +20,11 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# This file's name would shadow the `compression` package that jax probes for zstd: take sims/
+# off the import path before anything imports jax, and put the checkout on it.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent))
 
 import numpy as np  # noqa: E402
 
