@@ -16,7 +16,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from vocabjax.errors import UserError
-from vocabjax.profiles import SCHEMA, load_json, positive_number, require
+from vocabjax.profiles import SCHEMA, load_json, positive_number, vocab_points
 from vocabjax.xp import interp
 
 
@@ -80,22 +80,13 @@ class CompressionCurve:
 
     @classmethod
     def from_json(cls, data: dict[str, Any], *, where: str) -> CompressionCurve:
-        require(data, ("points",), where=where)
         unit = data.get("unit", "bytes_per_token")
         if unit != "bytes_per_token":
             raise UserError(f"{where}: unit {unit!r} is not bytes_per_token")
-        points = data["points"]
-        if not isinstance(points, list) or not points:
-            raise UserError(f"{where}: points must be a non-empty list")
-        rows = []
-        for i, p in enumerate(points):
-            if not isinstance(p, dict):
-                raise UserError(f"{where}: points[{i}] must be an object")
-            require(p, ("vocab", "bytes_per_token"), where=f"{where}: points[{i}]")
-            v = p["vocab"]
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                raise UserError(f"{where}: points[{i}].vocab must be a positive integer")
-            rows.append((v, positive_number(p["bytes_per_token"], where=f"{where}: points[{i}]")))
+        rows = [
+            (p["vocab"], positive_number(p["bytes_per_token"], where=at))
+            for at, p in vocab_points(data, ("bytes_per_token",), where=where)
+        ]
         rows.sort()
         return cls(
             name=str(data.get("corpus", where)),

@@ -134,3 +134,21 @@ def positive_number(value: Any, *, where: str, allow_zero: bool = False) -> floa
     if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         raise UserError(f"{where} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
     return value
+
+
+def vocab_points(data: Mapping[str, Any], fields: Iterable[str] = (), *, where: str):
+    """The ``points`` list of a per-vocabulary profile: non-empty objects, each with a positive
+    integer ``vocab`` and the given fields. Yields ``(where_of_point, point)``."""
+    require(data, ("points",), where=where)
+    points = data["points"]
+    if not isinstance(points, list) or not points:
+        raise UserError(f"{where}: points must be a non-empty list")
+    for i, p in enumerate(points):
+        at = f"{where}: points[{i}]"
+        if not isinstance(p, Mapping):
+            raise UserError(f"{at} must be an object")
+        require(p, ("vocab", *fields), where=at)
+        v = p["vocab"]
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise UserError(f"{at}.vocab must be a positive integer")
+        yield at, p

@@ -15,7 +15,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from vocabjax.errors import UserError
-from vocabjax.profiles import SCHEMA, load_json, positive_number, require
+from vocabjax.profiles import SCHEMA, load_json, positive_number, vocab_points
 from vocabjax.xp import interp
 
 
@@ -48,29 +48,16 @@ class TrainingProfile:
 
     @classmethod
     def from_json(cls, data: dict[str, Any], *, where: str) -> TrainingProfile:
-        require(data, ("points",), where=where)
-        points = data["points"]
-        if not isinstance(points, list) or not points:
-            raise UserError(f"{where}: points must be a non-empty list")
         rows = []
-        for i, p in enumerate(points):
-            if not isinstance(p, dict):
-                raise UserError(f"{where}: points[{i}] must be an object")
-            require(p, ("vocab",), where=f"{where}: points[{i}]")
+        for at, p in vocab_points(data, where=where):
             v = p["vocab"]
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                raise UserError(f"{where}: points[{i}].vocab must be a positive integer")
             tps = p.get("tokens_per_s")
             bpb = p.get("bpb")
             rows.append(
                 (
                     v,
-                    None
-                    if tps is None
-                    else positive_number(tps, where=f"{where}: points[{i}].tokens_per_s"),
-                    None
-                    if bpb is None
-                    else positive_number(bpb, where=f"{where}: points[{i}].bpb"),
+                    None if tps is None else positive_number(tps, where=f"{at}.tokens_per_s"),
+                    None if bpb is None else positive_number(bpb, where=f"{at}.bpb"),
                 )
             )
         rows.sort()
