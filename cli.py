@@ -48,46 +48,36 @@ class _Group(click.Group):
             raise click.ClickException(str(exc)) from None
 
 
-class SizeList(click.ParamType):
+class _Parsed(click.ParamType):
+    """A click type backed by one of vocabjax.units' parsers; its UserError becomes click's
+    "Invalid value for '--opt': ..." line (exit 2)."""
+
+    def __init__(self, name: str, parse) -> None:
+        self.name = name
+        self._parse = parse
+
+    def convert(self, value, param, ctx):
+        if not isinstance(value, str):
+            return value  # a default already parsed, or a value passed from Python
+        try:
+            return self._parse(value, what=param.name if param else self.name)
+        except UserError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def SizeList() -> click.ParamType:  # noqa: N802  (used like a type: SizeList())
     """``8k,32k,262k`` -> [8192, 32768, 262144]."""
-
-    name = "LIST"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, list):
-            return value
-        try:
-            return parse_size_list(value, what=param.name if param else "size")
-        except UserError as exc:
-            self.fail(str(exc), param, ctx)
+    return _Parsed("LIST", parse_size_list)
 
 
-class Size(click.ParamType):
+def Size() -> click.ParamType:  # noqa: N802
     """``8k``, ``65536``, ``1m``."""
-
-    name = "N"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, int):
-            return value
-        try:
-            return parse_size(value, what=param.name if param else "size")
-        except UserError as exc:
-            self.fail(str(exc), param, ctx)
+    return _Parsed("N", parse_size)
 
 
-class FloatList(click.ParamType):
+def FloatList() -> click.ParamType:  # noqa: N802
     """``0,1,10,100`` -> [0.0, 1.0, 10.0, 100.0]; finite and >= 0."""
-
-    name = "LIST"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, list):
-            return value
-        try:
-            return parse_float_list(value, what=param.name if param else "value")
-        except UserError as exc:
-            self.fail(str(exc), param, ctx)
+    return _Parsed("LIST", parse_float_list)
 
 
 def format_option(f):
