@@ -24,6 +24,9 @@ from pallas_kernels import noise
 # Larger than any vocabulary id: the "no index" value inside min-reductions over ids.
 BIG_ID = 2**31 - 1
 NEG_INF = float("-inf")
+# In-kernel dots: on the Triton backend Precision.DEFAULT means TF32 for float32 operands
+# (10-bit mantissa); HIGHEST keeps them IEEE float32. It changes nothing for bf16 operands.
+DOT_PRECISION = lax.Precision.HIGHEST
 
 
 class DecodeStats(NamedTuple):
@@ -184,8 +187,9 @@ def tile_logits(
     its own); their logits come out as 0 and the caller masks them. Each load uses one indexer
     (Triton lowering takes no nested ``.at``).
 
-    Products accumulate in float32 (``preferred_element_type``); float32 inputs use IEEE f32
-    dots on Triton (not TF32), bf16 inputs bf16 tensor-core dots with f32 accumulation.
+    Products accumulate in float32 (``preferred_element_type``). ``DOT_PRECISION`` (HIGHEST)
+    makes float32 inputs use IEEE f32 dots on Triton, not TF32 (its default); bf16 inputs use
+    bf16 tensor-core dots with f32 accumulation either way.
     """
     if rows is None:
         rows = h_ref.shape[0]
@@ -202,7 +206,11 @@ def tile_logits(
             other=0,
         )
         return acc + lax.dot_general(
-            h, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+            h,
+            w,
+            (((1,), (1,)), ((), ())),
+            precision=DOT_PRECISION,
+            preferred_element_type=jnp.float32,
         )
 
     acc = jnp.zeros((rows, block_v), jnp.float32)

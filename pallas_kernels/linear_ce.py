@@ -30,6 +30,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels._common import (
+    DOT_PRECISION,
     NEG_INF,
     cdiv,
     check_hw,
@@ -277,7 +278,9 @@ def _linear_ce_dh_kernel(
                 mask=valid_v[:, None] & col_mask(d0, block_d, d_model)[None, :],
                 other=0,
             )
-            dh_ref[:, cols] += jnp.dot(dl, w, preferred_element_type=jnp.float32)
+            dh_ref[:, cols] += jnp.dot(
+                dl, w, precision=DOT_PRECISION, preferred_element_type=jnp.float32
+            )
             return carry
 
         return lax.fori_loop(0, n_chunks, d_chunk, carry)
@@ -346,7 +349,11 @@ def _linear_ce_dw_kernel(
             mask = valid_v[:, None] & col_mask(d0, block_d, d_model)[None, :]
             h = h_ref[rows, cols]
             upd = lax.dot_general(
-                dl, h, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+                dl,
+                h,
+                (((0,), (0,)), ((), ())),
+                precision=DOT_PRECISION,
+                preferred_element_type=jnp.float32,
             )
             idx = dw_ref.at[pl.ds(0, block_v), cols]
             plgpu.store(idx, plgpu.load(idx, mask=mask, other=0.0) + upd, mask=mask)

@@ -61,7 +61,7 @@ class DecodeKernelTestBase:
         raise NotImplementedError
 
     def tilings(self) -> list:
-        """Three different tilings of the (5, 1000, 100) shape."""
+        """Three different tilings of the (5, 1000, 100) shape (every dot dim >= 16 for GPU)."""
         raise NotImplementedError
 
     def rows_per_partial(self, blocks) -> int:
@@ -230,9 +230,9 @@ class FusedDecodeTestBase(DecodeKernelTestBase):
 
     def tilings(self):
         return [
-            DecodeBlocks(block_v=128, block_b=4, block_d=32),
-            DecodeBlocks(block_v=256, block_b=8, block_d=64),
-            DecodeBlocks(block_v=1024, block_b=16, block_d=128),
+            DecodeBlocks(block_v=128, block_b=16, block_d=32),
+            DecodeBlocks(block_v=256, block_b=16, block_d=64),
+            DecodeBlocks(block_v=64, block_b=32, block_d=128),
         ]
 
     def rows_per_partial(self, blocks):
@@ -265,8 +265,8 @@ class TiledDecodeTestBase(DecodeKernelTestBase):
     def tilings(self):
         return [
             TiledBlocks(block_b=16, block_v=128, block_d=32, tiles_per_program=3),
-            TiledBlocks(block_b=4, block_v=64, block_d=64, tiles_per_program=5),
-            TiledBlocks(block_b=8, block_v=256, block_d=128, tiles_per_program=1),
+            TiledBlocks(block_b=16, block_v=64, block_d=64, tiles_per_program=5),
+            TiledBlocks(block_b=32, block_v=256, block_d=128, tiles_per_program=1),
         ]
 
     def rows_per_partial(self, blocks):

@@ -90,7 +90,7 @@ class FusedTopKTestBase:
     def test_poisoned_partials_all_written(self):
         batch, vocab, d_model, k = 5, 1000, 100, 5
         h_bd, w_vd = random_hw(8, batch, vocab, d_model, jnp.float32)
-        blocks = TopKBlocks(block_v=128, block_b=4, block_d=32)
+        blocks = TopKBlocks(block_v=128, block_b=16, block_d=32)
         vals, ids = _topk_partials(
             h_bd, w_vd, k, blocks=blocks, interpret=self.INTERPRET, poison=True
         )
