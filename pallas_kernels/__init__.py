@@ -5,6 +5,13 @@
 - ``fused_topk``: top-k values and ids (per-tile candidates, one sort to merge).
 - ``linear_ce``: fused linear cross-entropy forward (lse, target logit) and backward (dh, dW).
 - ``noise``: the counter-based Gumbel noise every sampler shares.
+- ``selfcheck``: ``run_all(interpret)``, every kernel against its reference.
+
+Backends: every kernel is written for the Pallas Triton GPU backend (power-of-two tiles, masked
+loads and stores at ragged edges, Triton compiler params) and runs on CPU with
+``interpret=True``. All of them lower to Triton IR at every ``candidates()`` tiling (checked on
+CPU by ``tests/test_pallas_lowering.py``); Mosaic GPU and TPU are not targeted (the masked
+``pallas.triton`` loads are Triton-specific).
 """
 
 from pallas_kernels._common import DecodeStats
