@@ -11,6 +11,7 @@ per (tile, row) against ``block_v * d_model`` weights read per tile.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -281,3 +282,68 @@ def pallas_call_maybe_poisoned(
         interpret=interpret,
         name=name,
     )(*args)
+
+
+def decode_pallas_call(
+    kernel_fn,
+    h_bd: jax.Array,
+    w_vd: jax.Array,
+    seeds,
+    inv_temperature,
+    *,
+    block_b: int,
+    block_d: int,
+    w_block_rows: int,
+    statics: dict,
+    compiler_params,
+    interpret: bool,
+    poison: bool,
+    name: str,
+) -> dict[str, jax.Array]:
+    """Run a decode kernel over a (batch tiles, W blocks of ``w_block_rows`` rows) grid.
+
+    The kernel takes refs h (block_b, D_pad), w (w_block_rows, D), with seeds also seeds (2,)
+    and inv_temperature (1,), then (block_b,) outputs max, argmax, lse (+ score, sample), and
+    the keywords vocab, d_model, block_b, block_d, has_seeds and ``statics``. Returns the
+    partials by name, each (n_w_blocks, B_pad).
+    """
+    check_hw(h_bd, w_vd)
+    batch, d_model = h_bd.shape
+    vocab = w_vd.shape[0]
+    nb, nw = cdiv(batch, block_b), cdiv(vocab, w_block_rows)
+    d_pad = cdiv(d_model, block_d) * block_d
+    has_seeds = seeds is not None
+    in_specs = [
+        pl.BlockSpec((block_b, d_pad), lambda i, j: (i, 0)),
+        pl.BlockSpec((w_block_rows, d_model), lambda i, j: (j, 0)),
+    ]
+    args = [pad_cols(pad_rows(h_bd, nb * block_b), d_pad), w_vd]
+    names = ["max", "argmax", "lse"]
+    dtypes = [jnp.float32, jnp.int32, jnp.float32]
+    if has_seeds:
+        in_specs += [pl.BlockSpec((2,), lambda i, j: (0,)), pl.BlockSpec((1,), lambda i, j: (0,))]
+        args += [prepare_seeds(seeds), inv_temperature_array(inv_temperature)]
+        names += ["score", "sample"]
+        dtypes += [jnp.float32, jnp.int32]
+    kernel = functools.partial(
+        kernel_fn,
+        vocab=vocab,
+        d_model=d_model,
+        block_b=block_b,
+        block_d=block_d,
+        has_seeds=has_seeds,
+        **statics,
+    )
+    outs = pallas_call_maybe_poisoned(
+        kernel,
+        tuple(args),
+        grid=(nb, nw),
+        in_specs=in_specs,
+        out_specs=[pl.BlockSpec((None, block_b), lambda i, j: (j, i)) for _ in names],
+        out_shape=[jax.ShapeDtypeStruct((nw, nb * block_b), dt) for dt in dtypes],
+        poison=poison,
+        interpret=interpret,
+        compiler_params=compiler_params,
+        name=name,
+    )
+    return dict(zip(names, outs, strict=True))

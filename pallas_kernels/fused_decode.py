@@ -23,15 +23,10 @@ from jax.experimental.pallas import triton as plgpu
 from pallas_kernels import noise
 from pallas_kernels._common import (
     DecodeStats,
-    cdiv,
-    check_hw,
     check_pow2,
-    inv_temperature_array,
+    decode_pallas_call,
     merge_decode_partials,
     next_pow2,
-    pad_cols,
-    pad_rows,
-    pallas_call_maybe_poisoned,
     prepare_seeds,
     tile_decode_stats,
     tile_logits,
@@ -128,54 +123,23 @@ def _decode_partials(
     poison: bool = False,
 ) -> dict[str, jax.Array]:
     """The kernel's raw per-tile partials, each (n_vocab_tiles, B_pad); see ``fused_decode``."""
-    check_hw(h_bd, w_vd)
-    batch, d_model = h_bd.shape
-    vocab = w_vd.shape[0]
-    bb, bv, bd = blocks.block_b, blocks.block_v, blocks.block_d
-    nb, nv = cdiv(batch, bb), cdiv(vocab, bv)
-    d_pad = cdiv(d_model, bd) * bd
-    h_pad = pad_cols(pad_rows(h_bd, nb * bb), d_pad)
-    has_seeds = seeds is not None
-
-    in_specs = [
-        pl.BlockSpec((bb, d_pad), lambda i, j: (i, 0)),
-        pl.BlockSpec((bv, d_model), lambda i, j: (j, 0)),
-    ]
-    args = [h_pad, w_vd]
-    names = ["max", "argmax", "lse"]
-    dtypes = [jnp.float32, jnp.int32, jnp.float32]
-    if has_seeds:
-        in_specs += [
-            pl.BlockSpec((2,), lambda i, j: (0,)),
-            pl.BlockSpec((1,), lambda i, j: (0,)),
-        ]
-        args += [prepare_seeds(seeds), inv_temperature_array(inv_temperature)]
-        names += ["score", "sample"]
-        dtypes += [jnp.float32, jnp.int32]
-    kernel = functools.partial(
+    return decode_pallas_call(
         _fused_decode_kernel,
-        vocab=vocab,
-        d_model=d_model,
-        block_v=bv,
-        block_b=bb,
-        block_d=bd,
-        has_seeds=has_seeds,
-    )
-    outs = pallas_call_maybe_poisoned(
-        kernel,
-        tuple(args),
-        grid=(nb, nv),
-        in_specs=in_specs,
-        out_specs=[pl.BlockSpec((None, bb), lambda i, j: (j, i)) for _ in names],
-        out_shape=[jax.ShapeDtypeStruct((nv, nb * bb), dt) for dt in dtypes],
-        poison=poison,
-        interpret=interpret,
+        h_bd,
+        w_vd,
+        seeds,
+        inv_temperature,
+        block_b=blocks.block_b,
+        block_d=blocks.block_d,
+        w_block_rows=blocks.block_v,
+        statics={"block_v": blocks.block_v},
         compiler_params=plgpu.CompilerParams(
             num_warps=blocks.num_warps, num_stages=blocks.num_stages
         ),
+        interpret=interpret,
+        poison=poison,
         name="fused_decode",
     )
-    return dict(zip(names, outs, strict=True))
 
 
 @functools.partial(jax.jit, static_argnames=("blocks", "interpret"))

@@ -27,15 +27,10 @@ from jax.experimental.pallas import triton as plgpu
 from pallas_kernels._common import (
     DecodeStats,
     cdiv,
-    check_hw,
     check_pow2,
-    inv_temperature_array,
+    decode_pallas_call,
     merge_decode_partials,
     next_pow2,
-    pad_cols,
-    pad_rows,
-    pallas_call_maybe_poisoned,
-    prepare_seeds,
     tile_decode_stats,
     tile_logits,
 )
@@ -173,51 +168,24 @@ def _tiled_partials(
     h_bd, w_vd, seeds, inv_temperature, *, blocks: TiledBlocks, interpret: bool, poison=False
 ) -> dict[str, jax.Array]:
     """Per-range partials, each (n_ranges, B_pad); see ``tiled_decode``."""
-    check_hw(h_bd, w_vd)
-    batch, d_model = h_bd.shape
-    vocab = w_vd.shape[0]
-    bb, bv, bd = blocks.block_b, blocks.block_v, blocks.block_d
-    tiles = min(blocks.tiles_per_program, cdiv(vocab, bv))
-    nb, ns = cdiv(batch, bb), cdiv(cdiv(vocab, bv), tiles)
-    d_pad = cdiv(d_model, bd) * bd
-    has_seeds = seeds is not None
-    in_specs = [
-        pl.BlockSpec((bb, d_pad), lambda i, s: (i, 0)),
-        pl.BlockSpec((tiles * bv, d_model), lambda i, s: (s, 0)),
-    ]
-    args = [pad_cols(pad_rows(h_bd, nb * bb), d_pad), w_vd]
-    names = ["max", "argmax", "lse"]
-    dtypes = [jnp.float32, jnp.int32, jnp.float32]
-    if has_seeds:
-        in_specs += [pl.BlockSpec((2,), lambda i, s: (0,)), pl.BlockSpec((1,), lambda i, s: (0,))]
-        args += [prepare_seeds(seeds), inv_temperature_array(inv_temperature)]
-        names += ["score", "sample"]
-        dtypes += [jnp.float32, jnp.int32]
-    kernel = functools.partial(
+    tiles = min(blocks.tiles_per_program, cdiv(w_vd.shape[0], blocks.block_v))
+    return decode_pallas_call(
         _tiled_decode_kernel,
-        vocab=vocab,
-        d_model=d_model,
-        block_b=bb,
-        block_v=bv,
-        block_d=bd,
-        tiles_per_program=tiles,
-        has_seeds=has_seeds,
-    )
-    outs = pallas_call_maybe_poisoned(
-        kernel,
-        tuple(args),
-        grid=(nb, ns),
-        in_specs=in_specs,
-        out_specs=[pl.BlockSpec((None, bb), lambda i, s: (s, i)) for _ in names],
-        out_shape=[jax.ShapeDtypeStruct((ns, nb * bb), dt) for dt in dtypes],
-        poison=poison,
-        interpret=interpret,
+        h_bd,
+        w_vd,
+        seeds,
+        inv_temperature,
+        block_b=blocks.block_b,
+        block_d=blocks.block_d,
+        w_block_rows=tiles * blocks.block_v,
+        statics={"block_v": blocks.block_v, "tiles_per_program": tiles},
         compiler_params=plgpu.CompilerParams(
             num_warps=blocks.num_warps, num_stages=blocks.num_stages
         ),
+        interpret=interpret,
+        poison=poison,
         name="tiled_decode",
     )
-    return dict(zip(names, outs, strict=True))
 
 
 @functools.partial(jax.jit, static_argnames=("blocks", "interpret"))
