@@ -104,6 +104,25 @@ def test_time_call_rotates_inputs_and_takes_the_median():
     assert t >= 0 and set(seen) == {0, 1, 2} and len(seen) == 1 + 1 + 5
 
 
+def test_time_interleaved_calls_every_candidate_each_round():
+    calls = []
+
+    def make(name):
+        def fn(x):
+            calls.append((name, int(x[0])))
+            return x
+
+        return fn
+
+    sets = [(jnp.full((2,), i),) for i in range(2)]
+    settings = dataclasses.replace(TINY, warmup=2, repeats=4)
+    times = at.time_interleaved([make("a"), make("b")], sets, settings)
+    assert len(times) == 2 and min(times) >= 0
+    timed = calls[4:]  # one compile call and one warm-up call each
+    assert [n for n, _ in timed] == ["a", "b", "b", "a", "a", "b", "b", "a"]
+    assert {i for _, i in timed} == {0, 1}
+
+
 def test_candidates_skip_pallas_on_cpu_and_start_with_the_baseline():
     cands = at.candidates("greedy", 50257, 8, 768, "bf16", backend="cpu")
     assert cands[0].impl == "xla" and {c.impl for c in cands} == {"xla", "chunked"}

@@ -10,8 +10,9 @@ bandwidth), then for every (op, V, B) point and every candidate (``xla``, ``chun
 
 1. checks the candidate against the reference (``xla`` at HIGHEST precision) on the point's
    inputs; a candidate that disagrees is reported and never timed or chosen;
-2. times it: warm-up calls, then the median of several repeats, each call on the next of a few
-   input sets (rotated, so a W that fits in cache does not flatter the kernel).
+2. times the candidates that passed side by side (``time_interleaved``: warm-up calls, then
+   rounds that call every candidate once, the median per candidate), each call on the next of a
+   few input sets (rotated, so a W that fits in cache does not flatter the kernel).
 
 The result is a measured :class:`DeviceProfile`: ``kernels`` holds every timed candidate,
 ``best`` the fastest per (op, V, B, D, dtype), which ``impl="auto"`` and ``sweep --device`` read.
@@ -67,6 +68,7 @@ class Settings:
         default_factory=lambda: {"f32": 4096, "bf16": 4096}
     )  # square matmul size per dtype for peak FLOP/s
     chunk_candidates: str = "all"  # "all" or "quick" (default tile and two neighbours)
+    pallas_candidates: int = 0  # per Pallas kernel, try at most this many tilings (0: all)
 
     @classmethod
     def quick(cls) -> Settings:
@@ -117,8 +119,9 @@ class Candidate:
         if hasattr(self.blocks, "to_json"):
             return dict(self.blocks.to_json())
         out = {k: int(v) for k, v in dataclasses.asdict(self.blocks).items()}
-        if type(self.blocks).__name__ == "TiledBlocks":
-            out["tiled"] = 1  # tells unembed's dispatch which Pallas decode kernel it names
+        kind = type(self.blocks).__name__
+        if kind in ("TiledBlocks", "DecodeBlocks"):  # which Pallas decode kernel the row names
+            out["tiled"] = int(kind == "TiledBlocks")
         return out
 
     def label(self) -> str:
@@ -199,8 +202,14 @@ def _block(x: Any) -> None:
     )
 
 
-def time_call(fn: Callable[..., Any], arg_sets: Sequence[tuple], settings: Settings) -> float:
-    """Median wall time of ``fn(*args)``; call i uses ``arg_sets[i % len(arg_sets)]``."""
+def time_call(
+    fn: Callable[..., Any], arg_sets: Sequence[tuple], settings: Settings, *, fastest: bool = False
+) -> float:
+    """Median wall time of ``fn(*args)``; call i uses ``arg_sets[i % len(arg_sets)]``.
+
+    ``fastest=True`` returns the fastest repeat instead: what the ceilings use, since a ceiling
+    is the best the device does (on a shared machine the median also counts other jobs).
+    """
     t0 = time.perf_counter()
     _block(fn(*arg_sets[0]))  # compiles
     first = time.perf_counter() - t0
@@ -216,7 +225,41 @@ def time_call(fn: Callable[..., Any], arg_sets: Sequence[tuple], settings: Setti
         times.append(time.perf_counter() - t0)
         if i + 1 >= settings.min_repeats and times[0] > settings.slow_call_s:
             break
-    return statistics.median(times)
+    return min(times) if fastest else statistics.median(times)
+
+
+def time_interleaved(
+    fns: Sequence[Callable[..., Any]], arg_sets: Sequence[tuple], settings: Settings
+) -> list[float]:
+    """Median wall time of each of ``fns``, timed round-robin: every round calls each function
+    once (starting at a different one each round), so all of them see the same machine load;
+    consecutive calls take consecutive input sets. Slow points get fewer rounds."""
+    if not fns:
+        return []
+    n = len(arg_sets)
+    firsts = []
+    for fn in fns:  # compiles (the functions were already checked once)
+        t0 = time.perf_counter()
+        _block(fn(*arg_sets[0]))
+        firsts.append(time.perf_counter() - t0)
+    slow = min(firsts) > 4 * settings.slow_call_s
+    call = 0
+    for _ in range(0 if slow else settings.warmup - 1):
+        for fn in fns:
+            call += 1
+            _block(fn(*arg_sets[call % n]))
+    times: list[list[float]] = [[] for _ in fns]
+    for r in range(settings.min_repeats if slow else settings.repeats):
+        for k in range(len(fns)):
+            j = (r + k) % len(fns)
+            call += 1
+            args = arg_sets[call % n]
+            t0 = time.perf_counter()
+            _block(fns[j](*args))
+            times[j].append(time.perf_counter() - t0)
+        if r + 1 >= settings.min_repeats and min(t[0] for t in times) > settings.slow_call_s:
+            break
+    return [statistics.median(t) for t in times]
 
 
 def measure_ceilings(
@@ -237,7 +280,7 @@ def measure_ceilings(
         state[0] = copy(state[0])
         return state[0]
 
-    t = time_call(step, [()], settings)
+    t = time_call(step, [()], settings, fastest=True)
     del state[0]
     bandwidth = 2 * n * 4 / t
     say(
@@ -261,7 +304,7 @@ def measure_ceilings(
             )
             for i in range(2)
         ]
-        t = time_call(mm, sets, settings)
+        t = time_call(mm, sets, settings, fastest=True)
         peak[dtype] = 2.0 * m**3 / t
         say(f"ceilings: {dtype} matmul {m}^3: {t * 1e3:.2f} ms -> {peak[dtype] / 1e12:.3f} TFLOP/s")
     tiny = jax.jit(lambda x: x + jnp.float32(1))
@@ -296,7 +339,16 @@ def candidates(
     for blocks in unembed.ChunkBlocks.candidates(batch, vocab, d_model, dtype, quick=quick):
         out.append(Candidate("chunked", blocks))
     if backend != "cpu" or include_interpret:
-        out.extend(_pallas_candidates(op, vocab, batch, d_model, dtype, interpret=backend == "cpu"))
+        found = _pallas_candidates(op, vocab, batch, d_model, dtype, interpret=backend == "cpu")
+        if settings.pallas_candidates:  # keep the first n of each kernel (its default first)
+            kept: dict[str, int] = {}
+            for cand in found:
+                kind = type(cand.blocks).__name__
+                kept[kind] = kept.get(kind, 0) + 1
+                if kept[kind] <= settings.pallas_candidates:
+                    out.append(cand)
+        else:
+            out.extend(found)
     return out
 
 
@@ -450,7 +502,7 @@ def autotune(
         sets = _inputs(vocab, batch, d_model, dtype, n_sets, seed=n)
         ref = _block_out(_op_fn(op, Candidate("xla", None))(*sets[0]))
         floor = ceilings.floor_s(op, vocab, batch, d_model, dtype)
-        point_rows = []
+        passed: list[tuple[Candidate, Callable[..., Any]]] = []
         for cand in candidates(
             op,
             vocab,
@@ -470,7 +522,10 @@ def autotune(
                 failures.append(Failure(op, vocab, batch, cand.impl, cand.blocks_json, problem))
                 say(f"{where} {cand.label()}: FAILED check ({problem}); not timed")
                 continue
-            t = time_call(fn, sets, settings)
+            passed.append((cand, fn))
+        times = time_interleaved([fn for _, fn in passed], sets, settings)
+        point_rows = []
+        for (cand, _), t in zip(passed, times, strict=True):
             row = KernelTiming(
                 op=op,
                 vocab=vocab,

@@ -1,0 +1,209 @@
+"""Unembedding kernels side by side in one process: every implementation, the measured ceilings,
+each one's fraction of its roofline floor, and ``impl="auto"`` against ``xla``.
+
+    python benchmarks/unembed.py                      # V in {32k, 131k}, B in {1, 4, 16, 64, 256}
+    python benchmarks/unembed.py --dtype bf16 --format markdown
+
+Steps: measure the ceilings (large copy, large matmul, tiny op); time every candidate of
+``greedy`` and of ``linear_cross_entropy`` (forward + backward, B read as the token count N) on
+the grid, checked against the reference first and timed round-robin (this is ``autotune`` on
+the grid); build the measured profile; then time ``impl="auto"`` under that profile
+round-robin with ``xla`` twice (xla, auto, xla in every round), so the ratio is side by side and
+the two xla medians show the noise. Pallas kernels are timed only off CPU (on a CPU they run
+through the interpreter, whose speed means nothing); ``--include-interpret`` times them anyway.
+
+Goals checked at the end (printed, never asserted): auto never slower than xla (within the
+repeat-to-repeat noise printed beside it); greedy at B = 1 at >= 70% of the measured bandwidth;
+fused cross-entropy forward + backward within 1.3x xla's time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import jax  # noqa: E402
+
+from vocabjax import autotune as at  # noqa: E402
+from vocabjax import render, unembed  # noqa: E402
+from vocabjax.units import parse_size_list  # noqa: E402
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--vocab", default="32k,131072", help="vocabulary sizes (default 32k,131072)")
+    p.add_argument("--batch", default="1,4,16,64,256", help="batch sizes / CE token counts")
+    p.add_argument("--d-model", type=int, default=768)
+    p.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
+    p.add_argument("--ops", default="greedy,linear_cross_entropy")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--include-interpret", action="store_true")
+    p.add_argument("--format", choices=["table", "markdown"], default="table")
+    args = p.parse_args(argv)
+    vocabs = parse_size_list(args.vocab, what="vocab")
+    batches = parse_size_list(args.batch, what="batch")
+    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+
+    settings = at.Settings(
+        warmup=2,
+        repeats=args.repeats,
+        min_repeats=3,
+        slow_call_s=0.5,
+        matmul_n={"f32": 2048, "bf16": 2048},
+        chunk_candidates="quick",  # the default tile and 4x either side
+    )
+    device = jax.devices()[0]
+    run = at.autotune(
+        vocabs,
+        batches,
+        args.d_model,
+        args.dtype,
+        ops=ops,
+        settings=settings,
+        progress=say,
+        include_interpret=args.include_interpret,
+    )
+    ceilings, profile = run.ceilings, run.profile
+    rows, goals = [], []
+    with unembed.using_device_profile(profile):
+        for op in ops:
+            for vocab in vocabs:
+                for batch in batches:
+                    point = [
+                        r for r in profile.kernels if (r.op, r.vocab, r.batch) == (op, vocab, batch)
+                    ]
+                    # auto and xla again, one right after the other, on the same inputs
+                    sets = at._inputs(vocab, batch, args.d_model, args.dtype, 2, seed=vocab + batch)
+                    fn_auto = at._op_fn(op, at.Candidate("auto", None))
+                    fn_xla = at._op_fn(op, at.Candidate("xla", None))
+                    t_xla, t_auto, t_xla2 = at.time_interleaved(
+                        [fn_xla, fn_auto, fn_xla], sets, settings
+                    )
+                    t_xla_pair = min(t_xla, t_xla2)
+                    noise = abs(t_xla - t_xla2) / t_xla_pair
+                    choice = unembed.select(op, vocab, batch, args.d_model, args.dtype)
+                    floor = ceilings.floor_s(op, vocab, batch, args.d_model, args.dtype)
+                    flops, bytes_ = unembed.unembed_cost(op, vocab, batch, args.d_model, args.dtype)
+                    for r in point:
+                        rows.append(
+                            _row(
+                                r.op,
+                                vocab,
+                                batch,
+                                r.impl,
+                                r.blocks,
+                                r.time_s,
+                                floor,
+                                flops,
+                                bytes_,
+                                t_xla_pair,
+                            )
+                        )
+                    rows.append(
+                        _row(
+                            op,
+                            vocab,
+                            batch,
+                            f"auto->{choice.impl}",
+                            choice.blocks,
+                            t_auto,
+                            floor,
+                            flops,
+                            bytes_,
+                            t_xla_pair,
+                        )
+                    )
+                    ok = t_auto <= t_xla_pair * (1 + max(noise, 0.05))
+                    goals.append(
+                        {
+                            "goal": "auto <= xla",
+                            "op": op,
+                            "vocab": vocab,
+                            "batch": batch,
+                            "value": t_auto / t_xla_pair,
+                            "target": "<= 1 (+noise)",
+                            "noise": noise,
+                            "met": ok,
+                        }
+                    )
+                    if op == "greedy" and batch == 1:
+                        best = min(point, key=lambda r: r.time_s)
+                        frac = (
+                            vocab * args.d_model * _w(args.dtype) / t_auto
+                        ) / ceilings.hbm_bandwidth
+                        goals.append(
+                            {
+                                "goal": "B=1 auto bandwidth / measured",
+                                "op": op,
+                                "vocab": vocab,
+                                "batch": 1,
+                                "value": frac,
+                                "target": ">= 0.70",
+                                "noise": noise,
+                                "met": frac >= 0.70,
+                            }
+                        )
+                        del best
+                    if op == "linear_cross_entropy":
+                        fused = [r for r in point if r.impl != "xla"]
+                        xla = [r for r in point if r.impl == "xla"]
+                        if fused and xla:
+                            ratio = min(r.time_s for r in fused) / xla[0].time_s
+                            goals.append(
+                                {
+                                    "goal": "fused CE fwd+bwd / xla",
+                                    "op": op,
+                                    "vocab": vocab,
+                                    "batch": batch,
+                                    "value": ratio,
+                                    "target": "<= 1.3",
+                                    "noise": noise,
+                                    "met": ratio <= 1.3,
+                                }
+                            )
+    fmt = args.format
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    print(
+        f"# {stamp}; device {getattr(device, 'device_kind', jax.default_backend())} "
+        f"({jax.default_backend()}), {platform.processor() or platform.machine()}, "
+        f"jax {jax.__version__}; d_model={args.d_model}, dtype={args.dtype}"
+    )
+    print(f"# command: python benchmarks/unembed.py {' '.join(argv or sys.argv[1:])}")
+    print(render.rows(run.ceiling_rows(), fmt))
+    print()
+    print(render.rows(rows, fmt))
+    print()
+    print(render.rows(goals, fmt))
+    failed = run.failures
+    for f in failed:
+        print(f"failed check: {f}")
+    return 0
+
+
+def _w(dtype: str) -> int:
+    return 2 if dtype == "bf16" else 4
+
+
+def _row(op, vocab, batch, impl, blocks, t, floor, flops, bytes_, t_xla):
+    return {
+        "op": op,
+        "vocab": vocab,
+        "batch": batch,
+        "impl": impl,
+        "blocks": ",".join(f"{k}={v}" for k, v in dict(blocks).items()) or "-",
+        "time_ms": t * 1e3,
+        "GB/s": bytes_ / t / 1e9,
+        "GFLOP/s": flops / t / 1e9,
+        "roofline_fraction": floor / t,
+        "vs_xla": t / t_xla,
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())
