@@ -221,6 +221,13 @@ def _build_models(
         CostModel(load_device(d), load_shape(m), s, curve, train) for d in devices for m in models
     ]
     for cm in built:
+        if cm.measured_unembed is None and cm.device.best:
+            have = sorted({r.dtype for r in cm.device.best if r.op == "greedy"})
+            log(
+                f"note: {cm.device.name} has measured 'greedy' times for "
+                f"{', '.join(have) or 'no dtype'}, not {cm.settings.weight_dtype}; "
+                "the unembedding term uses the roofline of the measured ceilings"
+            )
         if cm.measured_unembed is not None:
             log(
                 f"{cm.device.name}: decode unembedding from measured kernel times "
