@@ -20,7 +20,7 @@ TINY = dataclasses.replace(
     copy_bytes=16 * 2**20,
     matmul_n={"f32": 256, "bf16": 256},
 )
-VOCABS, BATCHES, D = (1000, 3000), (1, 5), 64
+VOCABS, BATCHES, D = (3000,), (1, 5), 64
 
 
 @pytest.fixture(scope="module")

@@ -241,6 +241,10 @@ class Base:
         """N tokens, 20% ignored, z-loss on: every reduction's loss, and the gradients for h and
         W of sum(c * per-token loss) with random cotangents c (mean and sum are the special
         cases c = 1/count and c = 1)."""
+        if self.IMPL == "xla" and n > 100:
+            pytest.skip(
+                "the materialized baseline is checked at N = 37; N = 513 is for the tiled paths"
+            )
         h, w, _ = data(dtype, n)
         ref = ce_reference(dtype, n)
         labels = jnp.asarray(ref["labels"])
