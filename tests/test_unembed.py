@@ -367,7 +367,7 @@ class TestPallas(Base):
     INTERPRET = ON_CPU
     # Interpreting costs per grid step, so CPU runs wide vocabulary tiles (still ragged at
     # V = 50,257); a GPU run uses each kernel's default tiles.
-    BLOCKS = ({"block_v": 4096, "block_d": 256},) if ON_CPU else (None,)
+    BLOCKS = ({"block_v": 4096, "block_d": 256, "block_b": 64},) if ON_CPU else (None,)
 
 
 # --- checks that do not depend on the implementation -------------------------------------------

@@ -832,6 +832,10 @@ def _ce_backend(impl, blocks, interpret, h_nd, w_vd) -> _CEBackend:
         return _CEBackend("chunked", _chunk_blocks(blocks, h_nd, w_vd), False)
     mod = _pallas_module("linear_ce")
     if isinstance(blocks, Mapping):
+        blocks = dict(blocks)
+        if "block_b" in blocks:  # a dict shared with the decode ops: its row tile is block_n here
+            blocks.setdefault("block_n", blocks.pop("block_b"))
+        blocks.pop("tiled", None)
         blocks = mod.CEBlocks(**blocks) if blocks else None
     return _CEBackend("pallas", blocks, _interpret(interpret))
 
