@@ -124,16 +124,39 @@ def _pad(values: Sequence[float], multiple: int) -> tuple[np.ndarray, int]:
     return np.concatenate([arr, np.full(pad, arr[-1], np.float32)]), pad
 
 
+def served_cost(model: CostModel, v, b, *, cap_batch: bool):
+    """c_infer at one (V, B), capping B at the largest batch that fits when ``cap_batch``;
+    ``inf`` where not even one sequence fits. Returns (cost, batch run, batch costed)."""
+    b_run = jnp.minimum(b, model.b_max(v)) if cap_batch else b
+    b_safe = jnp.maximum(b_run, 1.0)
+    return jnp.where(b_run >= 1.0, model.c_infer(v, b_safe), jnp.inf), b_run, b_safe
+
+
+def allowed_vocab(quality: Quality | None, v, valid):
+    """Mask of the grid's V that pass the quality bound (all ``valid`` ones without one)."""
+    if quality is None:
+        return valid
+    prof = quality.profile
+    covered = (v >= prof.vocab[0]) & (v <= prof.vocab[-1])
+    bpb = jax.vmap(prof.bpb_at)(v)
+    best = jnp.min(jnp.where(valid & covered, bpb, jnp.inf))
+    return valid & covered & (bpb <= best * (1.0 + quality.tolerance))
+
+
+def break_even(d_train, d_infer):
+    """lambda at which a V whose training costs ``d_train`` more per byte and whose serving
+    costs ``d_infer`` less per byte than the training optimum becomes the cheaper choice:
+    0 if it is no dearer to train, ``inf`` (never) if it is no cheaper to serve. Elementwise."""
+    safe = jnp.where(d_infer > 0, d_infer, 1.0)
+    return jnp.where(d_train <= 0, 0.0, jnp.where(d_infer > 0, d_train / safe, jnp.inf))
+
+
 def _objective_fn(model: CostModel, *, cap_batch: bool, quality: Quality | None):
     """The jitted whole-grid function (closing over the static model)."""
 
     def infer_point(v, b):
         """c_infer at one (V, B), the batch actually run, and the unembedding's bound."""
-        b_max = model.b_max(v)
-        b_run = jnp.minimum(b, b_max) if cap_batch else b
-        fits = b_run >= 1.0
-        b_safe = jnp.maximum(b_run, 1.0)
-        cost = jnp.where(fits, model.c_infer(v, b_safe), jnp.inf)
+        cost, b_run, b_safe = served_cost(model, v, b, cap_batch=cap_batch)
         u = model.decode_times(v, b_safe, model.mean_context(v))["unembedding"]
         return cost, b_run, u.t_math >= u.t_mem
 
@@ -150,13 +173,7 @@ def _objective_fn(model: CostModel, *, cap_batch: bool, quality: Quality | None)
     def run(v, valid, b, lam):
         c_train = jax.vmap(model.c_train)(v)
         c_infer, b_run, compute_bound = over_vb(v, b)
-        allowed = valid
-        if quality is not None:
-            prof = quality.profile
-            covered = (v >= prof.vocab[0]) & (v <= prof.vocab[-1])
-            bpb = jax.vmap(prof.bpb_at)(v)
-            best = jnp.min(jnp.where(valid & covered, bpb, jnp.inf))
-            allowed = valid & covered & (bpb <= best * (1.0 + quality.tolerance))
+        allowed = allowed_vocab(quality, v, valid)
         j = j_grid(c_train, c_infer, lam)  # [V, B, lam]
         j = jnp.where(allowed[:, None, None], j, jnp.inf)
         v_star = jnp.argmin(j, axis=0)
@@ -167,15 +184,8 @@ def _objective_fn(model: CostModel, *, cap_batch: bool, quality: Quality | None)
         v_infer = jnp.where(jnp.isfinite(jnp.min(ci_masked, axis=0)), v_infer, -1)
         ct_masked = jnp.where(allowed, c_train, jnp.inf)
         v_train = jnp.argmin(ct_masked)
-        d_train = c_train - c_train[v_train]
         d_infer = c_infer[v_train][None, :] - c_infer
-        be = jnp.where(
-            d_train[:, None] <= 0,
-            0.0,
-            jnp.where(
-                d_infer > 0, d_train[:, None] / jnp.where(d_infer > 0, d_infer, 1.0), jnp.inf
-            ),
-        )
+        be = break_even((c_train - c_train[v_train])[:, None], d_infer)
         be = jnp.where(allowed[:, None], be, jnp.inf)
         b_max = jax.vmap(model.b_max)(v)
         kv = jax.vmap(model.kv_bytes_per_seq)(v)

@@ -28,7 +28,13 @@ import numpy as np
 
 from vocabjax.costmodel import CostModel
 from vocabjax.errors import UserError
-from vocabjax.lifecycle import KV_REFERENCE_VOCAB, Quality
+from vocabjax.lifecycle import (
+    KV_REFERENCE_VOCAB,
+    Quality,
+    allowed_vocab,
+    break_even,
+    served_cost,
+)
 from vocabjax.profiles import SCHEMA
 from vocabjax.units import parse_size
 
@@ -171,9 +177,7 @@ def make_plan(
     shares = np.asarray([c.share for c in classes], np.float32)
 
     def infer_point(m: CostModel, v, b):
-        b_max = m.b_max(v)
-        b_run = jnp.minimum(b, b_max) if cap_batch else b
-        return jnp.where(b_run >= 1.0, m.c_infer(v, jnp.maximum(b_run, 1.0)), jnp.inf)
+        return served_cost(m, v, b, cap_batch=cap_batch)[0]
 
     def run(v, masks_sv, route_b):
         c_train = jax.vmap(model.c_train)(v)
@@ -187,13 +191,7 @@ def make_plan(
         )
         b_max = jnp.stack([jax.vmap(m.b_max)(v) for m in models], axis=1)
         kv = jnp.stack([jax.vmap(m.kv_bytes_per_seq)(v) for m in models], axis=1)
-        allowed = jnp.ones(v.shape, bool)
-        if quality is not None:
-            prof = quality.profile
-            covered = (v >= prof.vocab[0]) & (v <= prof.vocab[-1])
-            bpb = jax.vmap(prof.bpb_at)(v)
-            best = jnp.min(jnp.where(covered, bpb, jnp.inf))
-            allowed = covered & (bpb <= best * (1.0 + quality.tolerance))
+        allowed = allowed_vocab(quality, v, jnp.ones(v.shape, bool))
         c_mix = jnp.sum(c_inf * shares[None, :], axis=1)
         j_single = jnp.where(allowed, c_train + lam * c_mix if lam > 0 else c_train, jnp.inf)
         # J of each head for each class, then of each head set: its classes' best heads
@@ -213,13 +211,7 @@ def make_plan(
         j_route = c_train[:, None] + (lam * c_route if lam > 0 else 0.0)
         ct_masked = jnp.where(allowed, c_train, jnp.inf)
         v_train = jnp.argmin(ct_masked)
-        d_train = c_train - c_train[v_train]
-        d_infer = c_mix[v_train] - c_mix
-        be = jnp.where(
-            d_train <= 0,
-            0.0,
-            jnp.where(d_infer > 0, d_train / jnp.where(d_infer > 0, d_infer, 1.0), jnp.inf),
-        )
+        be = break_even(c_train - c_train[v_train], c_mix[v_train] - c_mix)
         return dict(
             c_train=c_train,
             c_inf=c_inf,

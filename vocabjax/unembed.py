@@ -54,6 +54,7 @@ import numpy as np
 from jax import lax
 
 from pallas_kernels import noise
+from pallas_kernels._common import next_pow2
 from vocabjax.errors import UserError
 from vocabjax.hardware import BYTES_PER_ELEMENT, DeviceProfile, KernelTiming, load_device
 
@@ -97,7 +98,7 @@ class ChunkBlocks:
         by_weights = cls.W_TILE_BYTES // (d_model * BYTES_PER_ELEMENT[dtype])
         cap = max(256, min(by_logits, by_weights, cls.MAX_BLOCK_V))
         block = 1 << int(math.floor(math.log2(cap)))
-        return cls(block_v=min(block, _next_pow2(vocab)))
+        return cls(block_v=min(block, next_pow2(vocab)))
 
     @classmethod
     def candidates(
@@ -105,7 +106,7 @@ class ChunkBlocks:
     ) -> tuple[ChunkBlocks, ...]:
         """Tiles the autotuner tries: powers of two from 1k up, within 8x ``TILE_BYTES``."""
         default = cls.default(batch, vocab, d_model, dtype)
-        sizes = [1 << p for p in range(10, 17) if (1 << p) <= _next_pow2(vocab)]
+        sizes = [1 << p for p in range(10, 17) if (1 << p) <= next_pow2(vocab)]
         sizes = [s for s in sizes if 4 * batch * s <= 8 * cls.TILE_BYTES]
         if quick:
             sizes = [s for s in sizes if s in (default.block_v // 4, default.block_v * 4)]
@@ -116,10 +117,6 @@ class ChunkBlocks:
 
     def to_json(self) -> dict[str, int]:
         return {"block_v": self.block_v}
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
 
 
 # --------------------------------------------------------------------------------------------
@@ -203,7 +200,7 @@ def select(
         row = min(rows, key=lambda r: _shape_distance(r, vocab, batch, d_model))
         blocks = dict(row.blocks) if row.impl != "xla" else {}
         if row.impl == "chunked" and "block_v" in blocks:  # a tile no larger than this V needs
-            blocks["block_v"] = min(blocks["block_v"], _next_pow2(vocab))
+            blocks["block_v"] = min(blocks["block_v"], next_pow2(vocab))
         return Choice(
             row.impl,
             blocks,
