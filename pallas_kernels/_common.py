@@ -183,10 +183,13 @@ def tile_logits(
     Reads rows ``h_row0 : h_row0 + rows`` of ``h_ref`` (all of them when ``rows`` is None), whose
     width is a multiple of ``block_d`` (zero padded, so it loads unmasked), and rows
     ``w_row0 : w_row0 + block_v`` of ``w_ref``, of which only the first ``valid_v`` (dynamic)
-    exist. Rows past ``valid_v`` and columns past ``d_model`` are loaded masked, as zeros, so a
-    ragged edge never reads out of bounds on GPU (the Triton backend does no bounds checks of
-    its own); their logits come out as 0 and the caller masks them. Each load uses one indexer
-    (Triton lowering takes no nested ``.at``).
+    exist; ``valid_v=None`` says all of them do (the caller knows ``block_v`` divides the
+    vocabulary). Rows past ``valid_v`` and columns past ``d_model`` are loaded masked, as zeros,
+    so a ragged edge never reads out of bounds on GPU (the Triton backend does no bounds checks
+    of its own); their logits come out as 0 and the caller masks them. Without a ragged edge the
+    load is a plain one: no mask to evaluate on GPU, and the interpreter, which pads the whole
+    ref by one tile for every masked load, copies nothing. Each load uses one indexer (Triton
+    lowering takes no nested ``.at``).
 
     Products accumulate in float32 (``preferred_element_type``). ``DOT_PRECISION`` (HIGHEST)
     makes float32 inputs use IEEE f32 dots on Triton, not TF32 (its default); bf16 inputs use
@@ -195,16 +198,14 @@ def tile_logits(
     if rows is None:
         rows = h_ref.shape[0]
     n_chunks = cdiv(d_model, block_d)
-    row_ok = jnp.arange(block_v, dtype=jnp.int32) < valid_v
+    row_ok = None if valid_v is None else jnp.arange(block_v, dtype=jnp.int32) < valid_v
 
     def body(c, acc):
         d0 = pl.multiple_of(c * block_d, block_d)
         cols = pl.ds(d0, block_d)
         h = h_ref[pl.ds(h_row0, rows), cols]
-        w = plgpu.load(
-            w_ref.at[pl.ds(w_row0, block_v), cols],
-            mask=row_ok[:, None] & col_mask(d0, block_d, d_model)[None, :],
-            other=0,
+        w = load_tile(
+            w_ref, (pl.ds(w_row0, block_v), cols), tile_mask(row_ok, d0, block_v, block_d, d_model)
         )
         return acc + lax.dot_general(
             h,
@@ -223,6 +224,35 @@ def col_mask(d0, block_d: int, d_model: int) -> jax.Array:
     if d_model % block_d == 0:
         return jnp.ones((block_d,), jnp.bool_)
     return (d0 + jnp.arange(block_d, dtype=jnp.int32)) < d_model
+
+
+def tile_mask(row_ok, d0, rows: int, block_d: int, d_model: int) -> jax.Array | None:
+    """Mask of a (rows, block_d) tile from column ``d0``: ``row_ok`` (rows,) bool, or None when
+    every row exists, and the columns inside ``d_model``. None when every element exists."""
+    if row_ok is None:
+        if d_model % block_d == 0:
+            return None
+        row_ok = jnp.ones((rows,), jnp.bool_)
+    return row_ok[:, None] & col_mask(d0, block_d, d_model)[None, :]
+
+
+def load_tile(ref, idx: tuple, mask: jax.Array | None, other=0) -> jax.Array:
+    """``ref[idx]``; with a mask, a masked load (``other`` where it is False, never out of bounds).
+
+    Only ragged tiles pay for the mask: in interpret mode a masked load pads the whole ref by
+    one tile (a copy of it, for a whole-W block), a plain load slices it in place.
+    """
+    if mask is None:
+        return ref[idx]
+    return plgpu.load(ref.at[idx], mask=mask, other=other)
+
+
+def store_tile(ref, idx: tuple, value: jax.Array, mask: jax.Array | None) -> None:
+    """``ref[idx] = value``; with a mask, only where it is True (like ``load_tile``)."""
+    if mask is None:
+        ref[idx] = value
+    else:
+        plgpu.store(ref.at[idx], value, mask=mask)
 
 
 def pad_cols(x: jax.Array, cols: int) -> jax.Array:

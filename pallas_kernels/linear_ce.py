@@ -35,13 +35,15 @@ from pallas_kernels._common import (
     cdiv,
     check_hw,
     check_pow2,
-    col_mask,
+    load_tile,
     merge_lse,
     next_pow2,
     pad_cols,
     pad_rows,
     pallas_call_maybe_poisoned,
+    store_tile,
     tile_logits,
+    tile_mask,
 )
 
 
@@ -110,6 +112,12 @@ def _check_rows(name: str, x: jax.Array, n_rows: int):
         raise ValueError(f"{name} must have shape ({n_rows},) like h's rows; got {x.shape}")
 
 
+def _rows_left(vocab: int, v0, block_v: int):
+    """Rows of W left from ``v0`` for ``tile_logits``: None when block_v divides the vocabulary
+    (no tile has a ragged edge, so the loads need no mask)."""
+    return None if vocab % block_v == 0 else vocab - v0
+
+
 def _masked_logits(logits_nv, v0, vocab: int, block_v: int):
     """Token ids of the tile and its logits with the ids past the vocabulary set to -inf."""
     ids_v = v0 + jnp.arange(block_v, dtype=jnp.int32)
@@ -132,7 +140,13 @@ def _linear_ce_fwd_kernel(
     """
     v0 = pl.program_id(1) * block_v
     logits = tile_logits(
-        h_ref, w_ref, 0, vocab - v0, block_v=block_v, block_d=block_d, d_model=d_model
+        h_ref,
+        w_ref,
+        0,
+        _rows_left(vocab, v0, block_v),
+        block_v=block_v,
+        block_d=block_d,
+        d_model=d_model,
     )
     ids_v, valid_v, logits = _masked_logits(logits, v0, vocab, block_v)
     m_n = jnp.max(logits, axis=1)
@@ -215,14 +229,16 @@ def _dlogits(logits, ids_v, valid_v, labels_n, lse_n, g_lse_n, g_target_n):
 
 
 def _zero_fill(ref, row0, rows, row_ok, d_pad_chunks, block_d, d_model):
-    """Write zeros into rows ``row0 : row0 + rows`` of ``ref`` (masked by row_ok and d_model)."""
+    """Write zeros into rows ``row0 : row0 + rows`` of ``ref`` (masked by row_ok, None when
+    every row exists, and d_model)."""
 
     def body(c, carry):
         d0 = pl.multiple_of(c * block_d, block_d)
-        plgpu.store(
-            ref.at[pl.ds(row0, rows), pl.ds(d0, block_d)],
-            jnp.zeros((rows, block_d), jnp.float32),
-            mask=row_ok[:, None] & col_mask(d0, block_d, d_model)[None, :],
+        store_tile(
+            ref,
+            (pl.ds(row0, rows), pl.ds(d0, block_d)),
+            jnp.zeros((rows, block_d), ref.dtype),
+            tile_mask(row_ok, d0, rows, block_d, d_model),
         )
         return carry
 
@@ -253,9 +269,7 @@ def _linear_ce_dh_kernel(
     """
     n_chunks = cdiv(d_model, block_d)
     d_pad = dh_ref.shape[1]
-    _zero_fill(
-        dh_ref, 0, block_n, jnp.ones((block_n,), jnp.bool_), d_pad // block_d, block_d, d_pad
-    )
+    _zero_fill(dh_ref, 0, block_n, None, d_pad // block_d, block_d, d_pad)
     labels_n, lse_n = labels_ref[...], lse_ref[...]
     g_lse_n, g_target_n = g_lse_ref[...], g_target_ref[...]
     range0 = pl.program_id(1) * (tiles_per_split * block_v)
@@ -263,20 +277,20 @@ def _linear_ce_dh_kernel(
     def v_tile(t, carry):
         t0 = pl.multiple_of(t * block_v, block_v)  # first row of the tile inside the range
         v0 = range0 + t0
+        rows_left = _rows_left(vocab, v0, block_v)
         logits = tile_logits(
-            h_ref, w_ref, t0, vocab - v0, block_v=block_v, block_d=block_d, d_model=d_model
+            h_ref, w_ref, t0, rows_left, block_v=block_v, block_d=block_d, d_model=d_model
         )
         ids_v, valid_v, logits = _masked_logits(logits, v0, vocab, block_v)
         dl = _dlogits(logits, ids_v, valid_v, labels_n, lse_n, g_lse_n, g_target_n)
         dl = dl.astype(w_ref.dtype)
+        row_ok = None if rows_left is None else valid_v
 
         def d_chunk(c, carry):
             d0 = pl.multiple_of(c * block_d, block_d)
             cols = pl.ds(d0, block_d)
-            w = plgpu.load(
-                w_ref.at[pl.ds(t0, block_v), cols],
-                mask=valid_v[:, None] & col_mask(d0, block_d, d_model)[None, :],
-                other=0,
+            w = load_tile(
+                w_ref, (pl.ds(t0, block_v), cols), tile_mask(row_ok, d0, block_v, block_d, d_model)
             )
             dh_ref[:, cols] += jnp.dot(
                 dl, w, precision=DOT_PRECISION, preferred_element_type=jnp.float32
@@ -316,7 +330,9 @@ def _linear_ce_dw_kernel(
     v0 = pl.program_id(0) * block_v
     ids_v = v0 + jnp.arange(block_v, dtype=jnp.int32)
     valid_v = ids_v < vocab
-    _zero_fill(dw_ref, 0, block_v, valid_v, n_chunks, block_d, d_model)
+    rows_left = _rows_left(vocab, v0, block_v)
+    row_ok = None if rows_left is None else valid_v
+    _zero_fill(dw_ref, 0, block_v, row_ok, n_chunks, block_d, d_model)
 
     def n_tile(i, carry):
         n0 = pl.multiple_of(i * block_n, block_n)
@@ -325,7 +341,7 @@ def _linear_ce_dw_kernel(
             h_ref,
             w_ref,
             0,
-            vocab - v0,
+            rows_left,
             h_row0=n0,
             rows=block_n,
             block_v=block_v,
@@ -346,7 +362,7 @@ def _linear_ce_dw_kernel(
         def d_chunk(c, carry):
             d0 = pl.multiple_of(c * block_d, block_d)
             cols = pl.ds(d0, block_d)
-            mask = valid_v[:, None] & col_mask(d0, block_d, d_model)[None, :]
+            mask = tile_mask(row_ok, d0, block_v, block_d, d_model)
             h = h_ref[rows, cols]
             upd = lax.dot_general(
                 dl,
@@ -355,8 +371,8 @@ def _linear_ce_dw_kernel(
                 precision=DOT_PRECISION,
                 preferred_element_type=jnp.float32,
             )
-            idx = dw_ref.at[pl.ds(0, block_v), cols]
-            plgpu.store(idx, plgpu.load(idx, mask=mask, other=0.0) + upd, mask=mask)
+            idx = (pl.ds(0, block_v), cols)
+            store_tile(dw_ref, idx, load_tile(dw_ref, idx, mask, 0.0) + upd, mask)
             return carry
 
         return lax.fori_loop(0, n_chunks, d_chunk, carry)

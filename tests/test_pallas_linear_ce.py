@@ -25,13 +25,16 @@ FWD_TOL = {jnp.float32: (1e-5, 1e-5), jnp.bfloat16: (1e-4, 1e-4)}
 # so allow one bf16 ulp (2^-8).
 GRAD_TOL = {jnp.float32: (1e-5, 1e-5), jnp.bfloat16: (2.0**-8, 2.0**-8)}
 
-# (N, V, D), dtype: the odd vocabulary at N = 3 (bf16) and 513 (f32), and a small
-# ragged shape in both dtypes.
+# (N, V, D), dtype: the odd vocabulary at N = 3 (bf16) and 513 (f32), a small ragged
+# shape in both dtypes, and a vocabulary the tiles divide (unmasked loads of W), with d_model
+# divided too (f32) or ragged (bf16).
 CASES = [
     ((3, 50257, 768), jnp.bfloat16),
     ((513, 50257, 768), jnp.float32),
     ((37, 1000, 100), jnp.float32),
     ((37, 1000, 100), jnp.bfloat16),
+    ((37, 1024, 64), jnp.float32),
+    ((37, 1024, 100), jnp.bfloat16),
 ]
 
 
@@ -182,8 +185,9 @@ class LinearCETestBase:
         assert_close_scaled(dh, rdh, GRAD_TOL[jnp.float32], "dh")
         assert_close_scaled(dw, rdw, GRAD_TOL[jnp.float32], "dW")
 
-    def test_poisoned_outputs_all_written(self):
-        n_rows, vocab, d_model = 37, 1000, 100
+    @pytest.mark.parametrize("shape", [(37, 1000, 100), (37, 1024, 64)])
+    def test_poisoned_outputs_all_written(self, shape):
+        n_rows, vocab, d_model = shape
         h_nd, w_vd = random_hw(2, n_rows, vocab, d_model, jnp.float32)
         labels = make_labels(2, n_rows, vocab)
         blocks = CEBlocks(block_n=16, block_v=128, block_d=32, dh_splits=3)

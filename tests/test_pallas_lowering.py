@@ -58,6 +58,18 @@ def test_every_candidate_lowers_to_triton(dtype):
         lower_cuda(functools.partial(linear_ce_bwd, blocks=b), h, w, rows_i, *[rows_f] * 3)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("shape", [(8192, 65536, 512), (37, 1024, 100)])
+def test_linear_ce_lowers_without_a_ragged_vocabulary(shape, dtype):
+    """Tiles that divide V (and D, in the first shape) take the unmasked loads and stores."""
+    n_rows, vocab, d_model = shape
+    h, w = SD((n_rows, d_model), dtype), SD((vocab, d_model), dtype)
+    rows_i, rows_f = SD((n_rows,), jnp.int32), SD((n_rows,), jnp.float32)
+    for b in [*CEBlocks.candidates(*shape, dtype), CEBlocks(dh_splits=4)]:
+        lower_cuda(functools.partial(linear_ce_fwd, blocks=b), h, w, rows_i)
+        lower_cuda(functools.partial(linear_ce_bwd, blocks=b), h, w, rows_i, *[rows_f] * 3)
+
+
 def test_float32_dots_are_ieee_not_tf32(monkeypatch, capsys):
     """Triton's default float32 dot is TF32; the kernels ask for IEEE (HIGHEST) instead."""
     monkeypatch.setattr(pl, "pallas_call", functools.partial(pl.pallas_call, debug=True))
