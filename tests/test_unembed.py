@@ -113,17 +113,26 @@ def ce_reference(dtype: str, n: int) -> dict:
     target = np.where(valid, logits[np.arange(n), np.where(valid, labels, 0)], 0.0)
     per_token = np.where(valid, lse - target + CE_Z * lse**2, 0.0)
     ct = np.where(valid, rng.standard_normal(n), 0.0)
-    dlogits = np.exp(logits - lse[:, None])
-    dlogits *= (ct * (1 + 2 * CE_Z * lse))[:, None]
-    dlogits[np.arange(n)[valid], labels[valid]] -= ct[valid]
+    dh, dw = ce_gradients(dtype, n, labels, ct)
     return {
         "labels": labels,
         "per_token": per_token,
         "count": valid.sum(),
         "ct": ct,
-        "dh": dlogits @ weights(dtype)[1],
-        "dw": dlogits.T @ f64(h),
+        "dh": dh,
+        "dw": dw,
     }
+
+
+def ce_gradients(dtype: str, n: int, labels: np.ndarray, ct: np.ndarray):
+    """Float64 dh, dW of sum(ct * per-token loss) (z-loss CE_Z; ct is 0 at ignored tokens)."""
+    h, _, logits = data(dtype, n)
+    lse = lse64(logits)
+    valid = labels != -100
+    dlogits = np.exp(logits - lse[:, None])
+    dlogits *= (ct * (1 + 2 * CE_Z * lse))[:, None]
+    dlogits[np.arange(n)[valid], labels[valid]] -= ct[valid]
+    return dlogits @ weights(dtype)[1], dlogits.T @ f64(h)
 
 
 class Base:
@@ -131,6 +140,8 @@ class Base:
     INTERPRET: bool | None = None
     # Tilings every test runs with: None is the implementation's default.
     BLOCKS: tuple = (None,)
+    # Tilings of the mean / sum cross-entropy gradient test.
+    GRAD_BLOCKS: tuple = (None,)
 
     def kw(self, blocks="class default"):
         """Options for every op call; ``blocks`` defaults to the class's first tiling."""
@@ -275,6 +286,44 @@ class Base:
             assert_close(dh, ref["dh"], dtype=dh.dtype, scale=np.abs(ref["dh"]).max(), what="dh")
             assert_close(dw, ref["dw"], dtype=dw.dtype, scale=np.abs(ref["dw"]).max(), what="dw")
 
+    @pytest.mark.parametrize(("dtype", "n"), [("f32", 513), ("bf16", 37)])
+    def test_mean_and_sum_loss_and_gradients(self, dtype, n):
+        """value_and_grad of the mean and sum losses (for chunked and pallas the path whose
+        forward computes dh and dW as it goes), z-loss on, 20% ignored, on every gradient
+        tiling of the class, against float64."""
+        if self.IMPL == "xla" and n > 100:
+            pytest.skip("the materialized baseline is checked at N = 37")
+        h, w, _ = data(dtype, n)
+        ref = ce_reference(dtype, n)
+        labels = jnp.asarray(ref["labels"])
+        valid = (ref["labels"] != -100).astype(np.float64)
+        reductions = {"mean": valid / ref["count"], "sum": valid}
+        sum_dh, sum_dw = ce_gradients(dtype, n, ref["labels"], valid)
+        for blocks in self.GRAD_BLOCKS:
+            kw = self.kw(blocks)
+
+            @jax.jit
+            def both(h, w, kw=kw):
+                return {
+                    reduction: jax.value_and_grad(
+                        lambda h, w, r=reduction: unembed.linear_cross_entropy(
+                            h, w, labels, z_loss=CE_Z, reduction=r, **kw
+                        ),
+                        (0, 1),
+                    )(h, w)
+                    for reduction in reductions
+                }
+
+            for reduction, (value, (dh, dw)) in both(h, w).items():
+                ct = reductions[reduction]
+                scale = ct.max()  # the mean's gradient is the sum's over the count
+                ref_dh, ref_dw = sum_dh * scale, sum_dw * scale
+                what = f"{reduction} {blocks}"
+                assert_close(value, np.sum(ct * ref["per_token"]), dtype=np.float32, what=what)
+                assert dh.dtype == h.dtype and dw.dtype == w.dtype
+                assert_close(dh, ref_dh, dtype=dh.dtype, scale=np.abs(ref_dh).max(), what=what)
+                assert_close(dw, ref_dw, dtype=dw.dtype, scale=np.abs(ref_dw).max(), what=what)
+
     def test_cross_entropy_mean_gradient(self):
         h, w, logits = data("f32", 3)
         w64 = weights("f32")[1]
@@ -359,6 +408,9 @@ class TestChunked(Base):
     # The default tile, a power of two that leaves a ragged last tile, one that divides
     # nothing, and one larger than V (a single tile).
     BLOCKS = (None, {"block_v": 4096}, unembed.ChunkBlocks(1000), unembed.ChunkBlocks(65536))
+    # The default row tile (256 rows at D = 768 in f32: ragged at N = 513; one tile at N = 37)
+    # and a ragged one given alone in a dict.
+    GRAD_BLOCKS = (None, {"block_n": 100})
 
 
 @pytest.mark.skipif(not HAS_PALLAS, reason="pallas_kernels decode/top-k/CE files not there yet")
@@ -368,6 +420,7 @@ class TestPallas(Base):
     # Interpreting costs per grid step, so CPU runs wide vocabulary tiles (still ragged at
     # V = 50,257); a GPU run uses each kernel's default tiles.
     BLOCKS = ({"block_v": 4096, "block_d": 256, "block_b": 64},) if ON_CPU else (None,)
+    GRAD_BLOCKS = BLOCKS
 
 
 # --- checks that do not depend on the implementation -------------------------------------------
@@ -432,14 +485,6 @@ def temp_bytes(op: str, impl: str) -> int:
     return jax.jit(fn).lower(*args).compile().memory_analysis().temp_size_in_bytes
 
 
-_PALLAS_CE_ON_CPU = pytest.mark.xfail(
-    HAS_PALLAS and ON_CPU,
-    strict=True,
-    reason="the interpreter's lowering of the Pallas CE kernels holds 596 MB, 13.5% of xla's "
-    "4.43 GB (2026-12-02); the compiled GPU kernels are not measured yet",
-)
-
-
 @pytest.mark.parametrize(
     ("op", "impl"),
     [
@@ -451,7 +496,7 @@ _PALLAS_CE_ON_CPU = pytest.mark.xfail(
         pytest.param(
             "linear_cross_entropy",
             "pallas",
-            marks=[pytest.mark.skipif(not HAS_PALLAS, reason="no kernels"), _PALLAS_CE_ON_CPU],
+            marks=pytest.mark.skipif(not HAS_PALLAS, reason="no kernels"),
         ),
     ],
 )
@@ -508,6 +553,35 @@ def test_selector_reads_the_nearest_best_row_then_the_roofline():
         "linear_cross_entropy", 65536, 8192, 768, "bf16", profile=prof, backend="cpu"
     )
     assert ce.impl == "chunked"
+
+
+def test_an_xla_cross_entropy_row_is_not_stretched_to_larger_logits():
+    prof = _profile([_row(32768, 256, "xla", op="linear_cross_entropy")])
+    ce = functools.partial(unembed.select, "linear_cross_entropy", profile=prof, backend="cpu")
+    assert ce(32768, 256, 768, "bf16").impl == "xla"
+    assert ce(8192, 64, 768, "bf16").impl == "xla"  # smaller logits than measured
+    big = ce(32768, 8192, 768, "bf16")  # 32x the measured N x V: the fused path
+    assert big.impl == "chunked" and big.reason.startswith("roofline")
+    # Greedy's logits are B x V too, but greedy has no N of training tokens behind it.
+    greedy = _profile([_row(32768, 256, "xla")])
+    assert unembed.select("greedy", 32768, 8192, 768, "bf16", profile=greedy).impl == "xla"
+
+
+def test_gradient_row_tiles_fit_half_of_w_and_the_cap():
+    rows = unembed.ChunkBlocks.default_block_n
+    assert rows(513, 50257, 768, "f32") == 256
+    assert rows(8192, 65536, 512, "bf16") == 128
+    assert rows(37, 50257, 768, "bf16") == 37  # N below the tile: one tile of N rows
+    # V = 1M at D = 8,192: half of W allows 2,048 rows, the 256 MiB cap 64.
+    assert rows(8192, 2**20, 8192, "bf16") == 64
+    assert rows(8192, 2**20, 64, "bf16") == 16
+    with pytest.raises(UserError, match="block_n=0"):
+        unembed.ChunkBlocks(1024, block_n=0)
+    h, w, _ = data("f32", 3)
+    with pytest.raises(UserError, match="blocks take block_n, block_v, got \\['rows'\\]"):
+        unembed.linear_cross_entropy(
+            h, w, jnp.asarray([1, 2, 3]), impl="chunked", blocks={"rows": 4}
+        )
 
 
 def test_auto_follows_the_profile_set(tmp_path):

@@ -77,6 +77,9 @@ class ChunkBlocks:
     """Tiling of the ``chunked`` implementation."""
 
     block_v: int  # vocabulary rows per scan step; the last tile may be shorter
+    # Rows of h per step of the cross-entropy gradient (the mean or sum loss under grad), which
+    # runs over row tiles of block_n x V logits; None: ``default_block_n`` for the shape.
+    block_n: int | None = None
 
     # A logits tile of B x block_v float32 should stay within this many bytes, and the tile of W
     # within ``W_TILE_BYTES``: on a CPU, XLA copies each dynamic slice of W before its dot, so a
@@ -85,10 +88,15 @@ class ChunkBlocks:
     TILE_BYTES = 8 * 2**20
     W_TILE_BYTES = 4 * 2**20
     MAX_BLOCK_V = 65536
+    # A gradient row tile's block_n x V float32 logits stay within half of W's bytes (the
+    # gradient writes a V x D dW anyway) and within this many bytes.
+    ROW_TILE_BYTES = 256 * 2**20
 
     def __post_init__(self) -> None:
         if self.block_v < 1:
             raise UserError(f"block_v={self.block_v} must be >= 1")
+        if self.block_n is not None and self.block_n < 1:
+            raise UserError(f"block_n={self.block_n} must be >= 1")
 
     @classmethod
     def default(cls, batch: int, vocab: int, d_model: int, dtype: str) -> ChunkBlocks:
@@ -101,11 +109,43 @@ class ChunkBlocks:
         return cls(block_v=min(block, next_pow2(vocab)))
 
     @classmethod
+    def default_block_n(cls, n_rows: int, vocab: int, d_model: int, dtype: str) -> int:
+        """Rows per gradient tile: the largest power of two whose f32 logits (block_n x V) fit
+        in half of W's bytes and in ``ROW_TILE_BYTES`` (at least 8 rows, at most N).
+
+        Half of W means ``block_n <= D w / 8`` (256 rows at D = 768 in f32, 128 at D = 512 in
+        bf16): each tile's three matmuls then do 6 block_n V D flops per 4 V D w bytes of W
+        read twice and dW updated, far above a CPU's ridge point."""
+        by_weights = d_model * BYTES_PER_ELEMENT[dtype] // 8
+        by_cap = cls.ROW_TILE_BYTES // (4 * vocab)
+        cap = max(8, min(by_weights, by_cap))
+        return max(1, min(1 << int(math.floor(math.log2(cap))), n_rows))
+
+    @classmethod
     def candidates(
-        cls, batch: int, vocab: int, d_model: int, dtype: str, *, quick: bool = False
+        cls,
+        batch: int,
+        vocab: int,
+        d_model: int,
+        dtype: str,
+        *,
+        quick: bool = False,
+        op: str = "greedy",
     ) -> tuple[ChunkBlocks, ...]:
-        """Tiles the autotuner tries: powers of two from 1k up, within 8x ``TILE_BYTES``."""
+        """Tiles the autotuner tries: powers of two from 1k up, within 8x ``TILE_BYTES``; for
+        ``linear_cross_entropy`` (timed as loss and gradient), gradient row tiles from 8 rows up
+        to N within 4x ``ROW_TILE_BYTES``, with the default vocabulary tile."""
         default = cls.default(batch, vocab, d_model, dtype)
+        if op == "linear_cross_entropy":
+            base = cls.default_block_n(batch, vocab, d_model, dtype)
+            rows = [1 << p for p in range(3, 31) if (1 << p) < batch]
+            rows = [r for r in rows if 4 * r * vocab <= 4 * cls.ROW_TILE_BYTES] + [batch]
+            if quick:
+                rows = [r for r in rows if r in (base // 4, base * 4) or r == batch]
+            out_n = {base: dataclasses.replace(default, block_n=base)}
+            for r in rows:
+                out_n.setdefault(r, dataclasses.replace(default, block_n=r))
+            return tuple(out_n.values())
         sizes = [1 << p for p in range(10, 17) if (1 << p) <= next_pow2(vocab)]
         sizes = [s for s in sizes if 4 * batch * s <= 8 * cls.TILE_BYTES]
         if quick:
@@ -116,7 +156,10 @@ class ChunkBlocks:
         return tuple(out.values())
 
     def to_json(self) -> dict[str, int]:
-        return {"block_v": self.block_v}
+        out = {"block_v": self.block_v}
+        if self.block_n is not None:
+            out["block_n"] = self.block_n
+        return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -184,7 +227,8 @@ def select(
     """The implementation ``impl="auto"`` uses for ``op`` at shape (V, B, D, dtype).
 
     With a device profile holding ``best`` rows for ``op`` and ``dtype``: the row nearest in
-    (log V, log B, log D). Otherwise the roofline rule: a memory-bound shape (arithmetic
+    (log V, log B, log D), except an xla cross-entropy row for a larger N x V than its own.
+    Otherwise the roofline rule: a memory-bound shape (arithmetic
     intensity below the ridge point) runs fused (``pallas`` on a GPU or TPU, ``chunked`` on a
     CPU, where Pallas only interprets); a compute-bound one runs ``xla``'s matmul, except
     ``linear_cross_entropy``, which always runs fused so that the N x V logits are never stored.
@@ -198,6 +242,9 @@ def select(
         rows = tuple(r for r in rows if r.impl != "pallas") or ()
     if rows:
         row = min(rows, key=lambda r: _shape_distance(r, vocab, batch, d_model))
+    if rows and _materializes_beyond(op, row, vocab, batch):
+        rows = ()  # xla would store N x V logits larger than any it was measured with
+    if rows:
         blocks = dict(row.blocks) if row.impl != "xla" else {}
         if row.impl == "chunked" and "block_v" in blocks:  # a tile no larger than this V needs
             blocks["block_v"] = min(blocks["block_v"], next_pow2(vocab))
@@ -214,6 +261,15 @@ def select(
     if op == "linear_cross_entropy" or intensity < ridge:
         return Choice(fused, {}, why)
     return Choice("xla", {}, why)
+
+
+def _materializes_beyond(op: str, row: KernelTiming, vocab: int, batch: int) -> bool:
+    """An xla cross-entropy row is trusted only up to its own N x V: beyond it the stored
+    logits grow without bound (a training batch of 8,192 tokens at V = 131k holds 4 GiB), so
+    the fused path takes over."""
+    return (
+        op == "linear_cross_entropy" and row.impl == "xla" and batch * vocab > row.batch * row.vocab
+    )
 
 
 def _shape_distance(row: KernelTiming, vocab: int, batch: int, d_model: int) -> float:
@@ -294,11 +350,17 @@ def _precision(dtype: Any):
 
 def _logits(h_bd: jax.Array, w_vd: jax.Array) -> jax.Array:
     """h @ w.T in the weights' dtype with float32 accumulation."""
+    return _contract(h_bd, w_vd, 1, 1)
+
+
+def _contract(a: jax.Array, b: jax.Array, a_axis: int, b_axis: int) -> jax.Array:
+    """The product of ``a`` and ``b`` over ``a_axis`` and ``b_axis``, in ``b``'s dtype (``a``
+    is cast to it) with float32 accumulation."""
     return lax.dot_general(
-        h_bd,
-        w_vd,
-        (((1,), (1,)), ((), ())),
-        precision=_precision(w_vd.dtype),
+        a.astype(b.dtype),
+        b,
+        (((a_axis,), (b_axis,)), ((), ())),
+        precision=_precision(b.dtype),
         preferred_element_type=jnp.float32,
     )
 
@@ -319,34 +381,45 @@ def _check_temperature(temperature: Any) -> jax.Array:
 
 
 def _scan_tiles(
-    step: Callable[[Any, jax.Array, jax.Array], tuple[Any, Any]],
+    step: Callable[[Any, Any, jax.Array], tuple[Any, Any]],
     carry: Any,
-    w_vd: jax.Array,
-    block_v: int,
+    xs: Any,
+    block: int,
 ) -> tuple[Any, list[Any]]:
-    """Run ``step(carry, w_tile, start) -> (carry, y)`` over V tiles: a scan over the full tiles,
-    then one step on the remainder. Tiles are dynamic slices of ``w``, never a padded copy.
+    """Run ``step(carry, tile, start) -> (carry, y)`` over tiles of ``block`` rows of ``xs`` (an
+    array, or a pytree of arrays with the same leading axis, sliced alike): a scan over the full
+    tiles, then one step on the remainder. Tiles are dynamic slices, never a padded copy.
 
     Returns the final carry and the outputs as a list: the stacked full-tile outputs (if any),
     then the remainder's (if any).
     """
-    vocab = w_vd.shape[0]
-    block_v = min(block_v, vocab)
-    n_full, rem = divmod(vocab, block_v)
+    rows = jax.tree_util.tree_leaves(xs)[0].shape[0]
+    block = min(block, rows)
+    n_full, rem = divmod(rows, block)
     ys = []
     if n_full:
 
         def body(c, i):
-            start = i * block_v
-            return step(c, lax.dynamic_slice_in_dim(w_vd, start, block_v, axis=0), start)
+            start = i * block
+            tile = jax.tree_util.tree_map(
+                lambda x: lax.dynamic_slice_in_dim(x, start, block, axis=0), xs
+            )
+            return step(c, tile, start)
 
         carry, y = lax.scan(body, carry, jnp.arange(n_full, dtype=jnp.int32))
         ys.append(y)
     if rem:
-        start = n_full * block_v
-        carry, y = step(carry, w_vd[start:], jnp.int32(start))
+        start = n_full * block
+        carry, y = step(carry, jax.tree_util.tree_map(lambda x: x[start:], xs), jnp.int32(start))
         ys.append(y)
     return carry, ys
+
+
+def _concat_tiles(parts: list[jax.Array], width: int) -> jax.Array:
+    """The per-tile outputs of ``_scan_tiles`` (stacked full tiles, then the remainder) as one
+    array of rows ``width`` wide."""
+    rows = [p.reshape(-1, width) for p in parts]
+    return rows[0] if len(rows) == 1 else jnp.concatenate(rows, axis=0)
 
 
 class _Stats(NamedTuple):
@@ -497,16 +570,21 @@ def _decode(
 
 
 def _chunk_blocks(blocks: Any, h_bd: jax.Array, w_vd: jax.Array) -> ChunkBlocks:
+    """``blocks`` as ChunkBlocks: an instance, an int (block_v), or a dict of its fields whose
+    missing ones take the shape's defaults."""
     if isinstance(blocks, ChunkBlocks):
         return blocks
-    if isinstance(blocks, Mapping) and blocks:
-        return ChunkBlocks(**blocks)
     if isinstance(blocks, int):
         return ChunkBlocks(block_v=blocks)
     if blocks is not None and not isinstance(blocks, Mapping):
         raise UserError(f"impl='chunked' takes ChunkBlocks, a dict or an int, got {blocks!r}")
     vocab, d_model = w_vd.shape
-    return ChunkBlocks.default(h_bd.shape[0], vocab, d_model, dtype_name(w_vd.dtype))
+    default = ChunkBlocks.default(h_bd.shape[0], vocab, d_model, dtype_name(w_vd.dtype))
+    fields = {f.name for f in dataclasses.fields(ChunkBlocks)}
+    unknown = sorted(set(blocks or {}) - fields)
+    if unknown:
+        raise UserError(f"impl='chunked' blocks take {', '.join(sorted(fields))}, got {unknown}")
+    return dataclasses.replace(default, **dict(blocks or {}))
 
 
 # --------------------------------------------------------------------------------------------
@@ -653,6 +731,7 @@ class _CEBackend:
     kind: str  # "chunked" or "pallas"
     blocks: Any  # ChunkBlocks for chunked, CEBlocks (or None) for pallas
     interpret: bool
+    dtype: Any  # the weights' dtype (h is cast to it): the dtype of both gradients
 
     def fwd(self, h_nd, w_vd, labels_n):
         if self.kind == "chunked":
@@ -676,6 +755,47 @@ class _CEBackend:
             blocks=self.blocks,
             interpret=self.interpret,
         )
+
+    def total_and_grad(self, h_nd, w_vd, labels_n, weight_n, z_loss: float):
+        """``sum_n weight_n * (lse_n - target_n + z_loss * lse_n**2)`` and its float32 dh, dW.
+
+        chunked: one pass over row tiles (``_chunked_ce_grad``); pallas: the forward kernel,
+        then the backward kernels with the per-token cotangents this sum gives."""
+        if self.kind == "chunked":
+            n, (vocab, d_model) = h_nd.shape[0], w_vd.shape
+            block_n = self.blocks.block_n or ChunkBlocks.default_block_n(
+                n, vocab, d_model, dtype_name(w_vd.dtype)
+            )
+            return _chunked_ce_grad(h_nd, w_vd, labels_n, weight_n, z_loss, block_n)
+        lse_n, target_n = self.fwd(h_nd, w_vd, labels_n)
+        total = jnp.sum(weight_n * (lse_n - target_n + z_loss * lse_n * lse_n))
+        g_lse_n = weight_n * (1.0 + 2.0 * z_loss * lse_n)
+        dh_nd, dw_vd = self.bwd(h_nd, w_vd, labels_n, lse_n, g_lse_n, -weight_n)
+        return total, dh_nd, dw_vd
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _ce_total(backend: _CEBackend, z_loss: float, h_nd, w_vd, labels_n, weight_n):
+    """``sum_n weight_n * (lse_n - target_n + z_loss * lse_n**2)``, float32; ``h`` is in W's
+    dtype and ``weight_n`` is a constant (no gradient). The mean and sum losses go through
+    here: their per-token cotangents are known in the forward, so under ``grad`` the forward
+    computes dh and dW as it goes and the backward only scales them (``_lse_target``'s
+    backward would recompute the logits)."""
+    lse_n, target_n = backend.fwd(h_nd, w_vd, labels_n)
+    return jnp.sum(weight_n * (lse_n - target_n + z_loss * lse_n * lse_n))
+
+
+def _ce_total_fwd(backend, z_loss, h_nd, w_vd, labels_n, weight_n):
+    total, dh_nd, dw_vd = backend.total_and_grad(h_nd, w_vd, labels_n, weight_n, z_loss)
+    return total, (dh_nd, dw_vd)
+
+
+def _ce_total_bwd(backend, z_loss, residuals, g):
+    dh_nd, dw_vd = residuals  # float32; cast to W's dtype after scaling (one rounding)
+    return (g * dh_nd).astype(backend.dtype), (g * dw_vd).astype(backend.dtype), None, None
+
+
+_ce_total.defvjp(_ce_total_fwd, _ce_total_bwd)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -749,8 +869,39 @@ def _chunked_ce_bwd(h_nd, w_vd, labels_n, lse_n, g_lse_n, g_target_n, block_v: i
         return dh, dw_tile
 
     dh, parts = _scan_tiles(step, jnp.zeros(h_nd.shape, jnp.float32), w_vd, block_v)
-    dw = [p.reshape(-1, w_vd.shape[1]) for p in parts]
-    return dh, (dw[0] if len(dw) == 1 else jnp.concatenate(dw, axis=0))
+    return dh, _concat_tiles(parts, w_vd.shape[1])
+
+
+def _chunked_ce_grad(h_nd, w_vd, labels_n, weight_n, z_loss: float, block_n: int):
+    """``sum_n weight_n * (lse_n - target_n + z_loss * lse_n**2)`` with its gradients for h and
+    W (float32), over row tiles of ``block_n`` tokens: each tile's block_n x V logits give its
+    loss, ``dlogits``, its rows of dh and its share of dW, so the logits are computed once
+    (6 N V D flops in all, as with stored logits) and never more than a tile is held. The
+    gradient matmuls run in W's dtype with float32 accumulation, as the logits do."""
+    vocab, d_model = w_vd.shape
+
+    def step(carry, tile, start):
+        del start
+        total, dw = carry
+        h_tile, labels, weight = tile
+        logits = _logits(h_tile, w_vd)
+        m = jnp.max(logits, axis=1)
+        e = jnp.exp(logits - m[:, None])
+        s = jnp.sum(e, axis=1)
+        lse = m + jnp.log(s)
+        picked = jnp.take_along_axis(logits, jnp.clip(labels, 0, vocab - 1)[:, None], 1)[:, 0]
+        target = jnp.where(labels >= 0, picked, 0.0)
+        total = total + jnp.sum(weight * (lse - target + z_loss * lse * lse))
+        g_lse = weight * (1.0 + 2.0 * z_loss * lse)
+        ids = jnp.arange(vocab, dtype=jnp.int32)
+        dlogits = (g_lse / s)[:, None] * e
+        dlogits = dlogits - jnp.where(labels[:, None] == ids[None, :], weight[:, None], 0.0)
+        dw = dw + _contract(dlogits, h_tile, 0, 0)
+        return (total, dw), _contract(dlogits, w_vd, 1, 0)
+
+    init = (jnp.zeros((), jnp.float32), jnp.zeros((vocab, d_model), jnp.float32))
+    (total, dw), parts = _scan_tiles(step, init, (h_nd, labels_n, weight_n), block_n)
+    return total, _concat_tiles(parts, d_model), dw
 
 
 def _xla_lse_target(h_nd, w_vd, labels_n):
@@ -804,6 +955,14 @@ def linear_cross_entropy(
     valid = labels != ignore_index
     out_of_range = valid & ((labels < 0) | (labels >= vocab))
     kernel_labels = jnp.where(valid & ~out_of_range, labels, -1)
+    if impl != "xla" and reduction != "none":
+        backend = _ce_backend(impl, blocks, interpret, h_nd, w_vd)
+        counted = (valid & ~out_of_range).astype(jnp.float32)
+        total = _ce_total(backend, float(z_loss), h_nd, w_vd, kernel_labels, counted)
+        total = total + jnp.where(jnp.any(out_of_range), jnp.float32(jnp.nan), 0.0)
+        if reduction == "sum":
+            return total
+        return total / jnp.maximum(jnp.sum(valid.astype(jnp.float32)), 1.0)
     if impl == "xla":
         lse, target = _xla_lse_target(h_nd, w_vd, kernel_labels)
     else:
@@ -826,7 +985,7 @@ def linear_cross_entropy(
 
 def _ce_backend(impl, blocks, interpret, h_nd, w_vd) -> _CEBackend:
     if impl == "chunked":
-        return _CEBackend("chunked", _chunk_blocks(blocks, h_nd, w_vd), False)
+        return _CEBackend("chunked", _chunk_blocks(blocks, h_nd, w_vd), False, w_vd.dtype)
     mod = _pallas_module("linear_ce")
     if isinstance(blocks, Mapping):
         blocks = dict(blocks)
@@ -834,7 +993,7 @@ def _ce_backend(impl, blocks, interpret, h_nd, w_vd) -> _CEBackend:
             blocks.setdefault("block_n", blocks.pop("block_b"))
         blocks.pop("tiled", None)
         blocks = mod.CEBlocks(**blocks) if blocks else None
-    return _CEBackend("pallas", blocks, _interpret(interpret))
+    return _CEBackend("pallas", blocks, _interpret(interpret), w_vd.dtype)
 
 
 def _check_labels(labels: jax.Array, vocab: int, ignore_index: int) -> None:
