@@ -240,11 +240,10 @@ def select(
     rows = profile.best_rows(op, dtype) if profile is not None else ()
     if backend == "cpu":  # a profile measured elsewhere may name pallas; CPU only interprets it
         rows = tuple(r for r in rows if r.impl != "pallas") or ()
-    if rows:
-        row = min(rows, key=lambda r: _shape_distance(r, vocab, batch, d_model))
-    if rows and _materializes_beyond(op, row, vocab, batch):
-        rows = ()  # xla would store N x V logits larger than any it was measured with
-    if rows:
+    row = min(rows, key=lambda r: _shape_distance(r, vocab, batch, d_model)) if rows else None
+    if row is not None and _materializes_beyond(op, row, vocab, batch):
+        row = None  # xla would store N x V logits larger than any it was measured with
+    if row is not None:
         blocks = dict(row.blocks) if row.impl != "xla" else {}
         if row.impl == "chunked" and "block_v" in blocks:  # a tile no larger than this V needs
             blocks["block_v"] = min(blocks["block_v"], next_pow2(vocab))
@@ -929,9 +928,12 @@ def linear_cross_entropy(
     ``ignore_index`` count zero and are left out of the mean (an all-ignored batch gives 0
     with zero gradient). ``reduction="none"`` returns the (...) per-token losses.
 
-    ``chunked`` and ``pallas`` share one ``jax.custom_vjp``: the forward keeps only h, W, labels
-    and the (N,) log-sum-exp; the backward recomputes each vocabulary tile. ``xla`` differentiates
-    the materialized logits.
+    ``chunked`` and ``pallas`` share two ``jax.custom_vjp``s. The mean and sum losses know each
+    token's cotangent in the forward, so under ``grad`` their forward computes dh and dW as it
+    goes (``_ce_total``; chunked: row tiles of ``block_n`` tokens, the logits computed once) and
+    the backward only scales them. ``reduction="none"`` keeps only h, W, labels and the (N,)
+    log-sum-exp, and its backward recomputes each vocabulary tile (``_lse_target``). ``xla``
+    differentiates the materialized logits.
     """
     if reduction not in REDUCTIONS:
         raise UserError(f"unknown reduction {reduction!r} (choose from {', '.join(REDUCTIONS)})")
