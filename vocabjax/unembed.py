@@ -767,7 +767,7 @@ class _CEBackend:
             )
             return _chunked_ce_grad(h_nd, w_vd, labels_n, weight_n, z_loss, block_n)
         lse_n, target_n = self.fwd(h_nd, w_vd, labels_n)
-        total = jnp.sum(weight_n * (lse_n - target_n + z_loss * lse_n * lse_n))
+        total = _weighted_total(lse_n, target_n, weight_n, z_loss)
         g_lse_n = weight_n * (1.0 + 2.0 * z_loss * lse_n)
         dh_nd, dw_vd = self.bwd(h_nd, w_vd, labels_n, lse_n, g_lse_n, -weight_n)
         return total, dh_nd, dw_vd
@@ -780,7 +780,10 @@ def _ce_total(backend: _CEBackend, z_loss: float, h_nd, w_vd, labels_n, weight_n
     here: their per-token cotangents are known in the forward, so under ``grad`` the forward
     computes dh and dW as it goes and the backward only scales them (``_lse_target``'s
     backward would recompute the logits)."""
-    lse_n, target_n = backend.fwd(h_nd, w_vd, labels_n)
+    return _weighted_total(*backend.fwd(h_nd, w_vd, labels_n), weight_n, z_loss)
+
+
+def _weighted_total(lse_n, target_n, weight_n, z_loss: float) -> jax.Array:
     return jnp.sum(weight_n * (lse_n - target_n + z_loss * lse_n * lse_n))
 
 
@@ -890,7 +893,7 @@ def _chunked_ce_grad(h_nd, w_vd, labels_n, weight_n, z_loss: float, block_n: int
         lse = m + jnp.log(s)
         picked = jnp.take_along_axis(logits, jnp.clip(labels, 0, vocab - 1)[:, None], 1)[:, 0]
         target = jnp.where(labels >= 0, picked, 0.0)
-        total = total + jnp.sum(weight * (lse - target + z_loss * lse * lse))
+        total = total + _weighted_total(lse, target, weight, z_loss)
         g_lse = weight * (1.0 + 2.0 * z_loss * lse)
         ids = jnp.arange(vocab, dtype=jnp.int32)
         dlogits = (g_lse / s)[:, None] * e
