@@ -768,8 +768,8 @@ class _CEBackend:
             return _chunked_ce_grad(h_nd, w_vd, labels_n, weight_n, z_loss, block_n)
         lse_n, target_n = self.fwd(h_nd, w_vd, labels_n)
         total = _weighted_total(lse_n, target_n, weight_n, z_loss)
-        g_lse_n = weight_n * (1.0 + 2.0 * z_loss * lse_n)
-        dh_nd, dw_vd = self.bwd(h_nd, w_vd, labels_n, lse_n, g_lse_n, -weight_n)
+        g_lse_n, g_target_n = _total_cotangents(lse_n, weight_n, z_loss)
+        dh_nd, dw_vd = self.bwd(h_nd, w_vd, labels_n, lse_n, g_lse_n, g_target_n)
         return total, dh_nd, dw_vd
 
 
@@ -844,10 +844,7 @@ def _chunked_ce_fwd(h_nd, w_vd, labels_n, block_v: int):
         logits = _logits(h_nd, w_tile)
         new = jnp.maximum(m, jnp.max(logits, axis=1))
         s = s * jnp.exp(m - new) + jnp.sum(jnp.exp(logits - new[:, None]), axis=1)
-        local = labels_n - start
-        inside = (local >= 0) & (local < w_tile.shape[0])
-        picked = jnp.take_along_axis(logits, jnp.clip(local, 0, w_tile.shape[0] - 1)[:, None], 1)
-        target = target + jnp.where(inside, picked[:, 0], 0.0)
+        target = target + _target_logit(logits, labels_n, start)
         return (new, s, target), None
 
     (m, s, target), _ = _scan_tiles(step, init, w_vd, block_v)
@@ -861,9 +858,8 @@ def _chunked_ce_bwd(h_nd, w_vd, labels_n, lse_n, g_lse_n, g_target_n, block_v: i
 
     def step(dh, w_tile, start):
         logits = _logits(h_nd, w_tile)
-        ids = start + jnp.arange(w_tile.shape[0], dtype=jnp.int32)
-        dlogits = g_lse_n[:, None] * jnp.exp(logits - lse_n[:, None])
-        dlogits = dlogits + jnp.where(labels_n[:, None] == ids[None, :], g_target_n[:, None], 0.0)
+        probs = jnp.exp(logits - lse_n[:, None])
+        dlogits = _dlogits(probs, start, labels_n, g_lse_n, g_target_n)
         w32 = w_tile.astype(jnp.float32)
         hi = lax.Precision.HIGHEST
         dh = dh + jnp.dot(dlogits, w32, precision=hi)
@@ -891,13 +887,9 @@ def _chunked_ce_grad(h_nd, w_vd, labels_n, weight_n, z_loss: float, block_n: int
         e = jnp.exp(logits - m[:, None])
         s = jnp.sum(e, axis=1)
         lse = m + jnp.log(s)
-        picked = jnp.take_along_axis(logits, jnp.clip(labels, 0, vocab - 1)[:, None], 1)[:, 0]
-        target = jnp.where(labels >= 0, picked, 0.0)
-        total = total + _weighted_total(lse, target, weight, z_loss)
-        g_lse = weight * (1.0 + 2.0 * z_loss * lse)
-        ids = jnp.arange(vocab, dtype=jnp.int32)
-        dlogits = (g_lse / s)[:, None] * e
-        dlogits = dlogits - jnp.where(labels[:, None] == ids[None, :], weight[:, None], 0.0)
+        total = total + _weighted_total(lse, _target_logit(logits, labels), weight, z_loss)
+        g_lse, g_target = _total_cotangents(lse, weight, z_loss)
+        dlogits = _dlogits(e / s[:, None], 0, labels, g_lse, g_target)
         dw = dw + _contract(dlogits, h_tile, 0, 0)
         return (total, dw), _contract(dlogits, w_vd, 1, 0)
 
@@ -908,8 +900,29 @@ def _chunked_ce_grad(h_nd, w_vd, labels_n, weight_n, z_loss: float, block_n: int
 
 def _xla_lse_target(h_nd, w_vd, labels_n):
     logits = _logits(h_nd, w_vd)
-    picked = jnp.take_along_axis(logits, jnp.clip(labels_n, 0, w_vd.shape[0] - 1)[:, None], 1)
-    return jax.nn.logsumexp(logits, axis=1), jnp.where(labels_n >= 0, picked[:, 0], 0.0)
+    return jax.nn.logsumexp(logits, axis=1), _target_logit(logits, labels_n)
+
+
+def _target_logit(logits_nv, labels_n, start=0) -> jax.Array:
+    """Each row's logit at its label, for a tile holding ids ``start`` .. ``start + v - 1``;
+    0 where the label is outside the tile (a label of -1: no target)."""
+    width = logits_nv.shape[1]
+    local = labels_n - start
+    picked = jnp.take_along_axis(logits_nv, jnp.clip(local, 0, width - 1)[:, None], 1)[:, 0]
+    return jnp.where((local >= 0) & (local < width), picked, 0.0)
+
+
+def _dlogits(probs_nv, start, labels_n, g_lse_n, g_target_n) -> jax.Array:
+    """d(sum g_lse * lse + g_target * target) / d logits for a tile of ids from ``start``:
+    ``g_lse * softmax + g_target * onehot(label)``, given the tile's softmax ``probs``."""
+    ids_v = start + jnp.arange(probs_nv.shape[1], dtype=jnp.int32)
+    onehot = labels_n[:, None] == ids_v[None, :]
+    return g_lse_n[:, None] * probs_nv + jnp.where(onehot, g_target_n[:, None], 0.0)
+
+
+def _total_cotangents(lse_n, weight_n, z_loss: float) -> tuple[jax.Array, jax.Array]:
+    """(g_lse, g_target): the per-token cotangents of ``_weighted_total``."""
+    return weight_n * (1.0 + 2.0 * z_loss * lse_n), -weight_n
 
 
 def linear_cross_entropy(
@@ -965,23 +978,21 @@ def linear_cross_entropy(
         counted = (valid & ~out_of_range).astype(jnp.float32)
         total = _ce_total(backend, float(z_loss), h_nd, w_vd, kernel_labels, counted)
         total = total + jnp.where(jnp.any(out_of_range), jnp.float32(jnp.nan), 0.0)
-        if reduction == "sum":
-            return total
-        return total / jnp.maximum(jnp.sum(valid.astype(jnp.float32)), 1.0)
-    if impl == "xla":
-        lse, target = _xla_lse_target(h_nd, w_vd, kernel_labels)
     else:
-        lse, target = _lse_target(
-            _ce_backend(impl, blocks, interpret, h_nd, w_vd), h_nd, w_vd, kernel_labels
-        )
-    per_token = lse - target
-    if z_loss:
-        per_token = per_token + jnp.float32(z_loss) * lse * lse
-    per_token = jnp.where(valid, per_token, 0.0)
-    per_token = jnp.where(out_of_range, jnp.float32(jnp.nan), per_token)
-    if reduction == "none":
-        return per_token.reshape(lead)
-    total = jnp.sum(per_token)
+        if impl == "xla":
+            lse, target = _xla_lse_target(h_nd, w_vd, kernel_labels)
+        else:
+            lse, target = _lse_target(
+                _ce_backend(impl, blocks, interpret, h_nd, w_vd), h_nd, w_vd, kernel_labels
+            )
+        per_token = lse - target
+        if z_loss:
+            per_token = per_token + jnp.float32(z_loss) * lse * lse
+        per_token = jnp.where(valid, per_token, 0.0)
+        per_token = jnp.where(out_of_range, jnp.float32(jnp.nan), per_token)
+        if reduction == "none":
+            return per_token.reshape(lead)
+        total = jnp.sum(per_token)
     if reduction == "sum":
         return total
     count = jnp.sum(valid.astype(jnp.float32))
