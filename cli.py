@@ -735,7 +735,7 @@ def autotune(vocab, batch, d_model, dtype, ops, quick, out, fmt):
     path = save_device(run.profile, out or at.default_out())
     log(
         f"wrote {path} ({len(run.profile.kernels)} timings, {len(run.failures)} failed checks, "
-        f"{run.seconds:.0f} s)"
+        f"{len(run.unconfirmed)} winners not confirmed against xla, {run.seconds:.0f} s)"
     )
     for f in run.failures:
         log(f"failed check: {f.op} V={f.vocab} B={f.batch} {f.impl} {f.blocks}: {f.error}")

@@ -22,7 +22,11 @@ when it writes nothing, the traffic of a B = 1 decode. Pallas kernels are timed 
 
 Goals checked at the end (printed, never asserted): auto never slower than xla (within the
 repeat-to-repeat noise printed beside it); greedy at B = 1 at >= 70% of the measured bandwidth;
-fused cross-entropy forward + backward within 1.3x xla's time.
+fused cross-entropy forward + backward within 1.3x xla's time. The B = 1 rate (W's bytes over
+auto's median) is set against the copy ceiling (its fastest repeat, measured first) and against
+the copy and read streams timed in the same rounds as the kernel (medians, the same machine
+load): on a shared host the ceilings move by 2x within an hour, and only the second comparison
+holds the load fixed.
 """
 
 from __future__ import annotations
@@ -81,7 +85,8 @@ def main(argv=None) -> int:
     compare = dataclasses.replace(settings, repeats=max(15, args.repeats))
     device = jax.devices()[0]
     ceilings = at.measure_ceilings(tuple(dict.fromkeys((args.dtype, *at.DTYPES))), settings, say)
-    read_bw = read_bandwidth(settings)
+    read_fn, read_bytes = read_probe(settings.copy_bytes)
+    read_bw = read_bytes / at.time_call(read_fn, [()], settings, fastest=True)
     say(f"read-only stream: {read_bw / 1e9:.1f} GB/s")
     runs = [
         at.autotune(
@@ -114,9 +119,12 @@ def main(argv=None) -> int:
                     sets = at._inputs(vocab, batch, args.d_model, args.dtype, 2, seed=vocab + batch)
                     fn_auto = at._op_fn(op, at.Candidate("auto", None))
                     fn_xla = at._op_fn(op, at.Candidate("xla", None))
-                    t_xla, t_auto, t_xla2 = at.time_interleaved(
-                        [fn_xla, fn_auto, fn_xla], sets, compare
-                    )
+                    fns = [fn_xla, fn_auto, fn_xla]
+                    streams = op == "greedy" and batch == 1
+                    if streams:  # the copy and read streams in the same rounds as the kernel
+                        copy_fn, copy_bytes = at.copy_probe(settings.copy_bytes)
+                        fns += [copy_fn, read_fn]
+                    t_xla, t_auto, t_xla2, *t_streams = at.time_interleaved(fns, sets, compare)
                     t_xla_mean = (t_xla + t_xla2) / 2
                     noise = abs(t_xla - t_xla2) / t_xla_mean
                     choice = unembed.select(op, vocab, batch, args.d_model, args.dtype)
@@ -166,35 +174,28 @@ def main(argv=None) -> int:
                             "met": ok,
                         }
                     )
-                    if op == "greedy" and batch == 1:
-                        w_bytes = vocab * args.d_model * _w(args.dtype)
-                        frac = (w_bytes / t_auto) / ceilings.hbm_bandwidth
-                        goals.append(
-                            {
-                                "goal": "B=1 auto bandwidth / measured",
-                                "op": op,
-                                "vocab": vocab,
-                                "batch": 1,
-                                "blocks": "copy",
-                                "value": frac,
-                                "target": ">= 0.70",
-                                "noise": noise,
-                                "met": frac >= 0.70,
-                            }
-                        )
-                        goals.append(
-                            {
-                                "goal": "B=1 auto bandwidth / read-only",
-                                "op": op,
-                                "vocab": vocab,
-                                "batch": 1,
-                                "blocks": "row max",
-                                "value": (w_bytes / t_auto) / read_bw,
-                                "target": "(context)",
-                                "noise": noise,
-                                "met": "-",
-                            }
-                        )
+                    if streams:
+                        rate = vocab * args.d_model * _w(args.dtype) / t_auto
+                        t_copy, t_read = t_streams
+                        del copy_fn
+                        for against, value, target in (
+                            ("copy ceiling", rate / ceilings.hbm_bandwidth, ">= 0.70"),
+                            ("copy, same rounds", rate * t_copy / copy_bytes, ">= 0.70"),
+                            ("read, same rounds", rate * t_read / read_bytes, "(context)"),
+                        ):
+                            goals.append(
+                                {
+                                    "goal": "B=1 auto bytes/s / stream",
+                                    "op": op,
+                                    "vocab": vocab,
+                                    "batch": 1,
+                                    "blocks": against,
+                                    "value": value,
+                                    "target": target,
+                                    "noise": noise,
+                                    "met": value >= 0.70 if target != "(context)" else "-",
+                                }
+                            )
                     if op == "linear_cross_entropy":
                         fused = [r for r in point if r.impl != "xla"]
                         xla = [r for r in point if r.impl == "xla"]
@@ -238,14 +239,21 @@ def _w(dtype: str) -> int:
     return 2 if dtype == "bf16" else 4
 
 
-def read_bandwidth(settings: at.Settings) -> float:
-    """Bytes/s of a jitted row-wise max over an f32 (n / 1024, 1024) array of the copy probe's
-    size: reads, no writes, no arithmetic to speak of, rows split across the cores (a 1-D sum
-    is one reduction, slower to parallelize: 37.6 GB/s where this read 50 on the same host)."""
-    n = settings.copy_bytes // 4
+def read_probe(nbytes: int):
+    """(fn, bytes read per call): a jitted row-wise max over one of two f32 (n / 1024, 1024)
+    arrays of ``nbytes`` (alternating calls): reads, no writes, no arithmetic to speak of, rows
+    split across the cores (a 1-D sum is one reduction, slower to parallelize: 37.6 GB/s where
+    this read 50 on the same host). ``fn`` ignores its arguments."""
+    n = nbytes // 4
     row_max = jax.jit(lambda x: jnp.max(x, axis=1))
-    xs = [(jnp.full((n // 1024, 1024), float(i), jnp.float32),) for i in range(2)]
-    return n * 4 / at.time_call(row_max, xs, settings, fastest=True)
+    xs = [jnp.full((n // 1024, 1024), float(i), jnp.float32) for i in range(2)]
+    calls = [0]
+
+    def fn(*_):
+        calls[0] += 1
+        return row_max(xs[calls[0] % 2])
+
+    return fn, n * 4
 
 
 def _blocks(blocks) -> str:

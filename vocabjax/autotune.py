@@ -12,7 +12,10 @@ bandwidth), then for every (op, V, B) point and every candidate (``xla``, ``chun
    inputs; a candidate that disagrees is reported and never timed or chosen;
 2. times the candidates that passed side by side (``time_interleaved``: warm-up calls, then
    rounds that call every candidate once, the median per candidate), each call on the next of a
-   few input sets (rotated, so a W that fits in cache does not flatter the kernel).
+   few input sets (rotated, so a W that fits in cache does not flatter the kernel);
+3. keeps ``xla`` unless a candidate beats it by more than ``baseline_margin``, and re-times a
+   winner that is not ``xla`` against ``xla`` alone (``confirm_repeats`` more rounds): the
+   winner stays only if it is still ahead by the margin.
 
 The result is a measured :class:`DeviceProfile`: ``kernels`` holds every timed candidate,
 ``best`` the fastest per (op, V, B, D, dtype), which ``impl="auto"`` and ``sweep --device`` read.
@@ -73,6 +76,10 @@ class Settings:
     # a smaller gain is within the repeat-to-repeat noise of a shared machine, and the
     # baseline is the one choice that cannot be slower than itself.
     baseline_margin: float = 0.05
+    # A point whose best is not xla is timed again, winner against xla alone, in this many
+    # more rounds; it keeps the winner only if it is still ahead by the margin (0: no check).
+    # Load on a shared host drifts within minutes, and one lucky round set should not decide.
+    confirm_repeats: int = 9
 
     @classmethod
     def quick(cls) -> Settings:
@@ -153,6 +160,8 @@ class Run:
     ceilings: Ceilings
     failures: tuple[Failure, ...]
     seconds: float  # wall time of the whole run
+    # Points whose first-pass winner lost the confirming rounds (xla kept): the winner's row.
+    unconfirmed: tuple[KernelTiming, ...] = ()
 
     def table_rows(self) -> list[dict[str, Any]]:
         """One row per timed candidate, the best of each point marked."""
@@ -266,6 +275,22 @@ def time_interleaved(
     return [statistics.median(t) for t in times]
 
 
+def copy_probe(nbytes: int) -> tuple[Callable[..., jax.Array], int]:
+    """(step, bytes moved per call): ``x <- x + 1`` on an f32 array of ``nbytes`` with the input
+    donated, so each call reads and writes a buffer the device already holds (a fresh output
+    each call would time the allocator's page faults on a CPU). ``step`` ignores its arguments.
+    """
+    n = nbytes // 4
+    add = jax.jit(lambda x: x + jnp.float32(1), donate_argnums=0)
+    state = [jnp.zeros((n,), jnp.float32)]
+
+    def step(*_):
+        state[0] = add(state[0])
+        return state[0]
+
+    return step, 2 * n * 4
+
+
 def measure_ceilings(
     dtypes: Sequence[str] = DTYPES,
     settings: Settings | None = None,
@@ -274,21 +299,13 @@ def measure_ceilings(
     """Bandwidth of a large copy, peak FLOP/s of a large matmul per dtype, a tiny op's time."""
     settings = settings or Settings()
     say = progress or (lambda _m: None)
-    n = settings.copy_bytes // 4
-    # x <- x + 1 with the input donated: reads and writes n floats into a buffer the device
-    # already holds (a fresh output each call would time the allocator's page faults on a CPU).
-    copy = jax.jit(lambda x: x + jnp.float32(1), donate_argnums=0)
-    state = [jnp.zeros((n,), jnp.float32)]
-
-    def step():
-        state[0] = copy(state[0])
-        return state[0]
-
+    step, moved = copy_probe(settings.copy_bytes)
     t = time_call(step, [()], settings, fastest=True)
-    del state[0]
-    bandwidth = 2 * n * 4 / t
+    del step
+    bandwidth = moved / t
     say(
-        f"ceilings: copy of {n * 4 / 2**20:.0f} MiB: {t * 1e3:.2f} ms -> {bandwidth / 1e9:.1f} GB/s"
+        f"ceilings: copy of {settings.copy_bytes / 2**20:.0f} MiB: {t * 1e3:.2f} ms -> "
+        f"{bandwidth / 1e9:.1f} GB/s"
     )
     peak = {}
     for dtype in dtypes:
@@ -499,6 +516,7 @@ def autotune(
     kernels: list[KernelTiming] = []
     best: list[KernelTiming] = []
     failures: list[Failure] = []
+    unconfirmed: list[KernelTiming] = []
     for n, (op, vocab, batch) in enumerate(points, 1):
         where = f"[{n}/{len(points)}] {op} V={vocab} B={batch} D={d_model} {dtype}"
         set_bytes = (vocab + batch) * d_model * BYTES_PER_ELEMENT[dtype]
@@ -544,8 +562,26 @@ def autotune(
             point_rows.append(row)
             say(f"{where} {cand.label()}: {t * 1e3:.3f} ms ({floor / t:.2f} of roofline)")
         kernels.extend(point_rows)
-        if point_rows:
-            best.append(_best(point_rows, settings.baseline_margin))
+        if not point_rows:
+            continue
+        pick = _best(point_rows, settings.baseline_margin)
+        xla_at = next((i for i, (c, _) in enumerate(passed) if c.impl == "xla"), None)
+        if pick.impl != "xla" and xla_at is not None and settings.confirm_repeats:
+            won_at = point_rows.index(pick)
+            t_xla, t_won = time_interleaved(
+                [passed[xla_at][1], passed[won_at][1]],
+                sets,
+                dataclasses.replace(settings, repeats=settings.confirm_repeats),
+            )
+            kept = t_won < t_xla * (1 - settings.baseline_margin)
+            say(
+                f"{where} confirm {passed[won_at][0].label()} against xla: "
+                f"{t_won * 1e3:.3f} vs {t_xla * 1e3:.3f} ms -> " + ("kept" if kept else "xla kept")
+            )
+            if not kept:
+                unconfirmed.append(pick)
+                pick = point_rows[xla_at]
+        best.append(pick)
     kind = str(getattr(device, "device_kind", backend))
     profile = DeviceProfile(
         name=name or _device_name(kind),
@@ -561,7 +597,9 @@ def autotune(
         best=tuple(best),
         measured=True,
     )
-    return Run(profile, ceilings, tuple(failures), time.perf_counter() - t_start)
+    return Run(
+        profile, ceilings, tuple(failures), time.perf_counter() - t_start, tuple(unconfirmed)
+    )
 
 
 def _best(rows: Sequence[KernelTiming], margin: float) -> KernelTiming:
