@@ -11,7 +11,8 @@ the grid, checked against the reference first and timed round-robin (this is ``a
 the grid); build the measured profile; then time ``impl="auto"`` under that profile
 round-robin with ``xla`` twice (xla, auto, xla in every round, 15 rounds), so the ratio is
 side by side: auto's median over the mean of the two xla medians, whose gap shows the noise.
-Where auto picks xla it runs the same compiled program, so that ratio is the noise alone.
+Where auto lowers to the same program as xla (the StableHLO text compared), that goal is met by
+construction and the ratio printed is the noise alone.
 
 Cross-entropy also runs at ``--ce-extra`` token counts (default 2048: several gradient row
 tiles, where the batch sizes fit one). Besides the ceilings autotune measures, a read-only
@@ -159,7 +160,10 @@ def main(argv=None) -> int:
                             t_xla_mean,
                         )
                     )
-                    ok = t_auto <= t_xla_mean * (1 + max(noise, 0.05))
+                    # auto resolves at trace time: where it lowers to xla's very program, it
+                    # cannot be slower than xla, and the timed ratio is the noise alone.
+                    same = _lowered(fn_auto, sets[0]) == _lowered(fn_xla, sets[0])
+                    ok = same or t_auto <= t_xla_mean * (1 + max(noise, 0.05))
                     goals.append(
                         {
                             "goal": "auto <= xla",
@@ -167,7 +171,7 @@ def main(argv=None) -> int:
                             "vocab": vocab,
                             "batch": batch,
                             "blocks": f"->{choice.impl}"
-                            + (" (same program)" if choice.impl == "xla" else ""),
+                            + (" (same program)" if same else ""),
                             "value": t_auto / t_xla_mean,
                             "target": "<= 1 (+noise)",
                             "noise": noise,
@@ -233,6 +237,11 @@ def main(argv=None) -> int:
     for f in failed:
         print(f"failed check: {f}")
     return 0
+
+
+def _lowered(fn, args) -> str:
+    """The StableHLO text ``fn`` lowers to for ``args``."""
+    return fn.lower(*args).as_text()
 
 
 def _w(dtype: str) -> int:
