@@ -66,7 +66,7 @@ def test_every_point_has_a_checked_best_row(run):
         assert r.d_model == D and r.dtype == "f32" and r.time_s > 0
         if r.impl == "chunked":  # cross-entropy's loss-and-gradient rows name their row tile
             want = {"block_v", "block_n"} if r.op == "linear_cross_entropy" else {"block_v"}
-            assert set(r.blocks) == want
+            assert set(r.blocks) - {"min_rows"} == want
 
 
 def test_profile_round_trips_and_drives_the_selector(run, tmp_path):

@@ -405,12 +405,46 @@ class TestXla(Base):
 
 class TestChunked(Base):
     IMPL = "chunked"
-    # The default tile, a power of two that leaves a ragged last tile, one that divides
-    # nothing, and one larger than V (a single tile).
-    BLOCKS = (None, {"block_v": 4096}, unembed.ChunkBlocks(1000), unembed.ChunkBlocks(65536))
+    # The default tile, a power of two that leaves a ragged last tile (with h padded to four
+    # rows), one that divides nothing, and one larger than V (a single tile, no loop).
+    BLOCKS = (
+        None,
+        {"block_v": 4096, "min_rows": 4},
+        unembed.ChunkBlocks(1000),
+        unembed.ChunkBlocks(65536),
+    )
     # The default row tile (256 rows at D = 768 in f32: ragged at N = 513; one tile at N = 37)
     # and a ragged one given alone in a dict.
     GRAD_BLOCKS = (None, {"block_n": 100})
+
+    @pytest.mark.parametrize("n", [1, 3])
+    def test_cross_entropy_rows_padded_to_min_rows(self, n):
+        """Rows padded up to ``min_rows`` carry ignore_index: every reduction's loss and the
+        gradients are those of the given rows alone."""
+        h, w, _ = data("bf16", n)
+        ref = ce_reference("bf16", n)
+        labels = jnp.asarray(ref["labels"])
+        blocks = {"block_v": 4096, "min_rows": 4}
+
+        def loss(h, w, reduction):
+            return unembed.linear_cross_entropy(
+                h, w, labels, z_loss=CE_Z, reduction=reduction, impl="chunked", blocks=blocks
+            )
+
+        per = jax.jit(loss, static_argnums=2)(h, w, "none")
+        assert per.shape == (n,)
+        assert_close(per, ref["per_token"], dtype=np.float32, what="none")
+        valid = (ref["labels"] != -100).astype(np.float64)
+        ref_dh, ref_dw = ce_gradients("bf16", n, ref["labels"], valid)
+        for reduction, scale in (("sum", 1.0), ("mean", 1.0 / ref["count"])):
+            value, (dh, dw) = jax.jit(
+                jax.value_and_grad(lambda h, w, r=reduction: loss(h, w, r), (0, 1))
+            )(h, w)
+            assert_close(value, ref["per_token"].sum() * scale, dtype=np.float32, what=reduction)
+            assert dh.shape == h.shape and dw.shape == w.shape
+            want_dh, want_dw = ref_dh * scale, ref_dw * scale
+            assert_close(dh, want_dh, dtype=dh.dtype, scale=np.abs(want_dh).max(), what="dh")
+            assert_close(dw, want_dw, dtype=dw.dtype, scale=np.abs(want_dw).max(), what="dw")
 
 
 @pytest.mark.skipif(not HAS_PALLAS, reason="pallas_kernels decode/top-k/CE files not there yet")
@@ -577,8 +611,10 @@ def test_gradient_row_tiles_fit_half_of_w_and_the_cap():
     assert rows(8192, 2**20, 64, "bf16") == 16
     with pytest.raises(UserError, match="block_n=0"):
         unembed.ChunkBlocks(1024, block_n=0)
+    with pytest.raises(UserError, match="min_rows=0"):
+        unembed.ChunkBlocks(1024, min_rows=0)
     h, w, _ = data("f32", 3)
-    with pytest.raises(UserError, match="blocks take block_n, block_v, got \\['rows'\\]"):
+    with pytest.raises(UserError, match="take block_n, block_v, min_rows, got \\['rows'\\]"):
         unembed.linear_cross_entropy(
             h, w, jnp.asarray([1, 2, 3]), impl="chunked", blocks={"rows": 4}
         )
@@ -595,3 +631,25 @@ def test_auto_follows_the_profile_set(tmp_path):
         got = jax.jit(lambda h, w: unembed.greedy(h, w))(h, w)
     np.testing.assert_array_equal(got, unembed.greedy(h, w, impl="xla"))
     assert unembed.device_profile() is not prof
+
+
+def test_candidates_try_one_whole_tile_and_padding_at_one_row():
+    found = unembed.ChunkBlocks.candidates(1, 131072, 768, "bf16", quick=True)
+    assert found[0].min_rows == 2  # one bf16 row is padded to two by default
+    assert {b.min_rows for b in found} == {1, 2}
+    assert any(b.block_v >= 131072 for b in found)
+    # 256 x 131,072 f32 logits (128 MiB) are beyond 8x TILE_BYTES: no whole tile, no padding.
+    wide = unembed.ChunkBlocks.candidates(256, 131072, 768, "bf16", quick=True)
+    assert all(b.block_v < 131072 and b.min_rows == 1 for b in wide)
+
+
+def test_one_tile_of_all_of_w_runs_without_a_loop():
+    h, w, _ = data("bf16", 1)
+    one = unembed.ChunkBlocks(block_v=65536, min_rows=2)
+    text = str(jax.make_jaxpr(lambda h, w: unembed.greedy(h, w, impl="chunked", blocks=one))(h, w))
+    assert "scan" not in text and "while" not in text
+    tiled = unembed.ChunkBlocks(block_v=4096)
+    text = str(
+        jax.make_jaxpr(lambda h, w: unembed.greedy(h, w, impl="chunked", blocks=tiled))(h, w)
+    )
+    assert "scan" in text
