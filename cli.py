@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import sys
+from pathlib import Path
 
 import click
 
@@ -666,6 +667,187 @@ def tokenizer_prune(spec, corpus_spec, field, split, held_out, max_bytes, vocab,
                 ],
             )
         )
+
+
+# ---- training: train --------------------------------------------------------------------------
+
+_TRAIN_FIELDS = {  # option -> RunConfig field (corpus fields as corpus.<name>)
+    "model": "shape",
+    "heads": "heads",
+    "tokenizer": "tokenizer",
+    "corpus_spec": "corpus.spec",
+    "field": "corpus.field",
+    "held_out": "corpus.held_out",
+    "max_bytes": "corpus.max_bytes",
+    "steps": "steps",
+    "seq_len": "seq_len",
+    "batch": "batch",
+    "lr": "lr",
+    "warmup": "warmup",
+    "seed": "seed",
+    "eval_tokens": "eval_tokens",
+    "impl": "impl",
+    "checkpoint_every": "checkpoint_every",
+    "compute_dtype": "compute_dtype",
+}
+
+
+@main.command("train", context_settings=CONTEXT)
+@click.option(
+    "--model",
+    default="tiny",
+    show_default=True,
+    help=f"Builtin shape ({', '.join(BUILTIN_SHAPES)}) or a .json/.toml shape.",
+)
+@click.option(
+    "--tokenizer",
+    type=click.Path(file_okay=False),
+    help="Nested tokenizer directory (`tokenizer train`) [default: train one at the heads' "
+    "sizes into OUT/tokenizer].",
+)
+@click.option(
+    "--heads",
+    type=SizeList(),
+    default="1k,2k,4k",
+    show_default=True,
+    help="Head vocabulary sizes: tokenizer levels (or cut from its largest level).",
+)
+@click.option("--steps", type=Size(), default=250, show_default=True, help="Optimizer steps.")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    required=True,
+    help="Run directory: run.json, checkpoint/, training.json (for sweep --training).",
+)
+@click.option("--resume", is_flag=True, help="Continue the run in --out to --steps in all.")
+@click.option(
+    "--corpus",
+    "corpus_spec",
+    default="builtin",
+    show_default=True,
+    metavar="PATH|builtin",
+    help="A file, directory or glob of .txt/.jsonl/.parquet (also .gz/.zst), or 'builtin'.",
+)
+@click.option("--field", default="text", show_default=True, help="Text field of .jsonl / .parquet.")
+@click.option(
+    "--held-out",
+    type=click.FloatRange(0, 1, min_open=True, max_open=True),
+    default=0.1,
+    show_default=True,
+    help="Fraction of documents held out (by content hash) for bits per byte.",
+)
+@click.option(
+    "--max-bytes",
+    type=Size(),
+    default=None,
+    help="Read at most this much text before the split [default: all; 2m for builtin].",
+)
+@click.option("--seq-len", type=Size(), default=128, show_default=True, help="Tokens per window T.")
+@click.option(
+    "--batch", type=Size(), default=8, show_default=True, help="Windows per head per step."
+)
+@click.option("--lr", type=float, default=3e-3, show_default=True, help="Peak learning rate.")
+@click.option(
+    "--warmup",
+    type=click.IntRange(0),
+    default=None,
+    help="Linear warm-up steps, then cosine decay to lr/10 [default: steps/10, at most 100].",
+)
+@click.option("--seed", type=click.IntRange(0), default=0, show_default=True, help="Random seed.")
+@click.option(
+    "--eval-tokens",
+    type=Size(),
+    default="32k",
+    show_default=True,
+    help="Held-out tokens of the smallest head to evaluate (all heads get the same text).",
+)
+@click.option(
+    "--impl",
+    type=click.Choice(["auto", "xla", "chunked"]),
+    default="auto",
+    show_default=True,
+    help="linear_cross_entropy implementation.",
+)
+@click.option(
+    "--checkpoint-every",
+    type=click.IntRange(0),
+    default=100,
+    show_default=True,
+    help="Steps between checkpoints (0: only at the end).",
+)
+@click.option(
+    "--compute-dtype",
+    type=click.Choice(["f32", "bf16"]),
+    default="f32",
+    show_default=True,
+    help="Matmul dtype (parameters and optimizer state stay f32).",
+)
+@format_option
+@click.pass_context
+def train_command(ctx, out, resume, fmt, **options):
+    """Train a GPT with nested vocabulary heads; measure held-out bits per byte and tokens/s
+    per head into OUT/training.json (for sweep --training).
+
+    \b
+    Example:
+        python cli.py train --out runs/tiny                   # tiny model, heads 1k,2k,4k
+        python cli.py train --tokenizer tok --heads 8k,16k,32k --model paper-100m \\
+            --steps 2000 --out runs/100m
+        python cli.py train --out runs/100m --steps 4000 --resume
+        python cli.py sweep --training runs/tiny/training.json --vocab 1k,2k,4k
+    """
+    from click.core import ParameterSource
+
+    from vocabjax.train import CorpusSpec, RunConfig, resume_config, train
+    from vocabjax.train.config import default_max_bytes, default_warmup
+
+    if options["tokenizer"] is not None:
+        options["tokenizer"] = str(Path(options["tokenizer"]).absolute())
+    options["heads"] = tuple(sorted(options["heads"]))
+    if resume:
+        given = {
+            _TRAIN_FIELDS[name]: load_shape(value) if name == "model" else value
+            for name, value in options.items()
+            if ctx.get_parameter_source(name) != ParameterSource.DEFAULT
+        }
+        config = resume_config(out, given)
+    else:
+        steps = options["steps"]
+        config = RunConfig(
+            shape=load_shape(options["model"]),
+            heads=options["heads"],
+            tokenizer=options["tokenizer"],
+            corpus=CorpusSpec(
+                spec=options["corpus_spec"],
+                field=options["field"],
+                held_out=options["held_out"],
+                max_bytes=options["max_bytes"] or default_max_bytes(options["corpus_spec"]),
+            ),
+            steps=steps,
+            seq_len=options["seq_len"],
+            batch=options["batch"],
+            lr=options["lr"],
+            warmup=default_warmup(steps) if options["warmup"] is None else options["warmup"],
+            seed=options["seed"],
+            impl=options["impl"],
+            eval_tokens=options["eval_tokens"],
+            checkpoint_every=options["checkpoint_every"],
+            compute_dtype=options["compute_dtype"],
+        )
+    result = train(config, out, resume=resume, progress=log)
+    if fmt == "json":
+        emit(render.json_text(result.to_json()))
+        return
+    columns = ["vocab", "train_loss", "bpb", "tokens_per_s", "bytes_per_token", "eval_tokens"]
+    if fmt != "csv":
+        emit(
+            f"{result.config.shape.name} after {result.step} steps on {result.device}; "
+            f"held-out bits per byte and training tokens/s per head"
+        )
+    rows = result.rows()
+    if fmt != "csv":
+        rows = [{**r, "tokens_per_s": round(r["tokens_per_s"])} for r in rows]
+    emit(render.rows(rows, fmt, columns=columns))
 
 
 # ---- kernels: autotune ----------------------------------------------------------------------

@@ -170,8 +170,7 @@ def main(argv=None) -> int:
                             "op": op,
                             "vocab": vocab,
                             "batch": batch,
-                            "blocks": f"->{choice.impl}"
-                            + (" (same program)" if same else ""),
+                            "blocks": f"->{choice.impl}" + (" (same program)" if same else ""),
                             "value": t_auto / t_xla_mean,
                             "target": "<= 1 (+noise)",
                             "noise": noise,

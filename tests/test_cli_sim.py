@@ -193,7 +193,7 @@ def test_sweep_with_a_profile_file_and_a_plot(tmp_path):
             ["--model", "gpt5"],
             1,
             "Error: unknown model 'gpt5' (builtin: paper-100m, paper-1.5b, "
-            "paper-2.3b, gpt2-small, gpt2-medium, llama-1b, llama-8b, llama-70b; "
+            "paper-2.3b, tiny, gpt2-small, gpt2-medium, llama-1b, llama-8b, llama-70b; "
             "or a .json/.toml shape file)",
         ),
         (["--cost-model", "magic"], 2, None),

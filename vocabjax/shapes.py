@@ -99,6 +99,9 @@ BUILTIN_SHAPES: Mapping[str, ModelShape] = {
         _gpt("paper-1.5b", 2048, 30, 16, source="paper scale ~1.5B; shape chosen to match N_nv"),
         _gpt("paper-2.3b", 2560, 29, 20, source="paper scale ~2.3B; shape chosen to match N_nv"),
         # GPT-2 (Radford et al. 2019, Table 2; HF gpt2 / gpt2-medium config.json).
+        # Not a published model: small enough that `python cli.py train` with its defaults
+        # measures three heads in about a minute on two CPU cores (0.39M non-embedding weights).
+        _gpt("tiny", 128, 2, 4, source="vocabjax: the CPU-sized default of `train`"),
         _gpt("gpt2-small", 768, 12, 12, native_vocab=50257, source="HF gpt2 config.json"),
         _gpt("gpt2-medium", 1024, 24, 16, native_vocab=50257, source="HF gpt2-medium config.json"),
         # Llama 3 family (HF meta-llama config.json: hidden_size, num_hidden_layers,

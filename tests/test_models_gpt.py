@@ -1,0 +1,125 @@
+"""The NNX GPT: causality, grouped-query attention, nested heads, and its loss through the
+project's cross-entropy kernels (xla and chunked agree in value and gradient)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from vocabjax.errors import UserError
+from vocabjax.models import GPT, GPTConfig
+from vocabjax.shapes import ModelShape
+from vocabjax.train.steps import Functional
+
+GQA = ModelShape("t-gqa", d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48, glu=True)
+MHA = ModelShape("t-mha", d_model=32, n_layers=2, n_heads=4, n_kv_heads=4, d_ff=48, glu=True)
+GELU = ModelShape("t-gelu", d_model=24, n_layers=1, n_heads=3, n_kv_heads=1, d_ff=40)
+VOCAB, SEQ = 301, 13  # odd sizes on purpose
+TOL = {jnp.float32: (2e-5, 2e-4)}  # dtype -> (atol, rtol)
+
+
+def model(shape=GQA, *, seed=0, **kw) -> GPT:
+    return GPT(GPTConfig(shape, max_vocab=VOCAB, max_seq=SEQ, **kw), rngs=nnx.Rngs(seed))
+
+
+def ids(key, batch=2, seq=SEQ, vocab=VOCAB):
+    return jax.random.randint(jax.random.key(key), (batch, seq), 0, vocab, dtype=jnp.int32)
+
+
+@pytest.mark.parametrize("shape", [GQA, GELU], ids=lambda s: s.name)
+def test_changing_a_later_token_never_changes_earlier_states(shape):
+    m = model(shape)
+    x = ids(1)
+    y = x.at[:, 7:].set((x[:, 7:] + 5) % VOCAB)
+    hx, hy = np.asarray(m(x)), np.asarray(m(y))
+    assert hx.shape == (2, SEQ, shape.d_model) and hx.dtype == np.float32
+    np.testing.assert_allclose(hx[:, :7], hy[:, :7], atol=1e-6, rtol=1e-6)
+    assert np.abs(hx[:, 7:] - hy[:, 7:]).max() > 1e-3  # the change does reach later positions
+
+
+def test_gqa_shapes_and_equivalence_to_mha_with_repeated_kv_heads():
+    g = model(GQA)
+    attn = g.blocks[0].attn
+    dh = GQA.dh
+    assert attn.w_q[...].shape == (32, 4 * dh)
+    assert attn.w_k[...].shape == attn.w_v[...].shape == (32, 2 * dh)
+    assert attn.w_o[...].shape == (4 * dh, 32)
+    # The same attention as multi-head attention whose query heads 2k and 2k+1 share K/V head k.
+    fn_g, pg = Functional.of(g)
+    fn_m, pm = Functional.of(model(MHA, seed=1))
+    assert set(pg) == set(pm)
+    group = GQA.n_heads // GQA.n_kv_heads
+    for name, value in pg.items():
+        if name.endswith(("w_k.value", "w_v.value")):
+            value = jnp.repeat(value.reshape(32, 2, dh), group, axis=1).reshape(32, 4 * dh)
+        assert pm[name].shape == value.shape, name
+        pm[name] = value
+    x = ids(2)
+    np.testing.assert_allclose(fn_g.model(pg)(x), fn_m.model(pm)(x), atol=1e-5, rtol=1e-5)
+
+
+def test_nested_heads_are_prefixes_of_the_largest():
+    m = model()
+    h = m(ids(3))
+    full = np.asarray(m.logits(h, VOCAB))
+    assert full.shape == (2, SEQ, VOCAB)
+    for v in (257, 300):
+        np.testing.assert_array_equal(np.asarray(m.logits(h, v)), full[..., :v])
+        np.testing.assert_array_equal(np.asarray(m.head(v)), np.asarray(m.unembed[...])[:v])
+    with pytest.raises(UserError, match="must be in 1..max_vocab=301"):
+        m.head(VOCAB + 1)
+    tied = model(tie_embeddings=True)
+    assert not hasattr(tied, "unembed")
+    np.testing.assert_array_equal(np.asarray(tied.head(257)), np.asarray(tied.embed[...])[:257])
+
+
+def _reference_loss(m: GPT, x, labels, vocab):
+    logp = jax.nn.log_softmax(m.logits(m(x), vocab), axis=-1)
+    return -jnp.mean(jnp.take_along_axis(logp, labels[..., None], axis=-1))
+
+
+@pytest.mark.parametrize("vocab", [VOCAB, 263])
+def test_loss_xla_and_chunked_agree_in_value_and_gradient(vocab):
+    m = model()
+    fn, params = Functional.of(m)
+    x = ids(4, vocab=vocab)
+    labels = ids(5, vocab=vocab)
+
+    def loss(p, impl):
+        return fn.model(p).loss(x, labels, vocab, impl=impl)
+
+    atol, rtol = TOL[jnp.float32]
+    ref = float(_reference_loss(m, x, labels, vocab))
+    values, grads = {}, {}
+    for impl in ("xla", "chunked"):
+        values[impl], grads[impl] = jax.value_and_grad(loss)(params, impl)
+        np.testing.assert_allclose(float(values[impl]), ref, atol=atol, rtol=rtol)
+    ref_grads = jax.grad(lambda p: _reference_loss(fn.model(p), x, labels, vocab))(params)
+    for name in params:
+        for impl in ("xla", "chunked"):
+            np.testing.assert_allclose(
+                grads[impl][name], ref_grads[name], atol=atol, rtol=rtol, err_msg=name
+            )
+    # Rows of W beyond the head get no gradient; the head's rows do.
+    g_w = np.asarray(grads["chunked"]["unembed.value"])
+    assert np.all(g_w[vocab:] == 0) and np.abs(g_w[:vocab]).max() > 0
+
+
+def test_bf16_compute_stays_close_to_f32_and_params_stay_f32():
+    x, labels = ids(6), ids(7)
+    f32 = float(model().loss(x, labels, VOCAB, impl="xla"))
+    m16 = model(compute_dtype="bf16")
+    assert m16.blocks[0].attn.w_q[...].dtype == jnp.float32
+    b16 = float(m16.loss(x, labels, VOCAB, impl="chunked"))
+    assert np.isfinite(b16) and abs(b16 - f32) < 0.02 * f32
+
+
+def test_bad_shapes_are_user_errors():
+    m = model()
+    with pytest.raises(UserError, match="above max_seq=13"):
+        m(ids(8, seq=SEQ + 1))
+    with pytest.raises(UserError, match="must be a positive integer"):
+        GPTConfig(GQA, max_vocab=0, max_seq=4)

@@ -1,0 +1,240 @@
+"""A decoder-only GPT in Flax NNX with nested vocabulary heads on one backbone.
+
+    model = GPT(GPTConfig(load_shape("tiny"), max_vocab=4096, max_seq=128), rngs=nnx.Rngs(0))
+    h_btd = model(ids_bt)                      # final normed hidden states
+    loss = model.loss(ids_bt, labels_bt, vocab=1024)   # head V = 1024: rows W[:1024]
+
+Architecture (chosen for a small, dependable training measurement, close to Llama's block):
+pre-RMSNorm blocks, causal self-attention with grouped-query heads (``n_kv_heads`` K of them, each
+shared by H / K query heads), learned absolute position embeddings (at most ``max_seq`` positions;
+simpler than RoPE and enough for the short contexts a vocabulary measurement trains on), a
+SwiGLU (``shape.glu``) or GELU MLP, no biases, no dropout, and a final RMSNorm.
+
+Nested heads (DESIGN.md): one token embedding table of ``max_vocab`` rows serves every level
+(level V_j's ids are all < V_j), and one unembedding matrix ``W`` (max_vocab x D) whose prefix
+``W[:V_j]`` is the head of level V_j. ``W`` is its own matrix unless ``tie_embeddings``.
+The training loss goes through :func:`vocabjax.unembed.linear_cross_entropy`, so it never holds
+the N x V logits unless ``impl="xla"`` asks for them.
+
+Initialisation: normal(0.02) for embeddings and matrices; the two projections that write into
+the residual stream (attention output, MLP down) use 0.02 / sqrt(2 L) (GPT-2). Parameters are
+float32; ``compute_dtype="bf16"`` runs the matmuls in bfloat16 with float32 accumulation, norms,
+softmax and residual stream in float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from vocabjax.errors import UserError
+from vocabjax.shapes import ModelShape
+from vocabjax.unembed import Impl, linear_cross_entropy
+
+ComputeDtype = Literal["f32", "bf16"]
+_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
+INIT_STD = 0.02  # GPT-2's initialiser range
+
+# nnx.List holds sub-modules in flax >= 0.12; a plain list does in older versions.
+_ModuleList = getattr(nnx, "List", list)
+
+
+@dataclasses.dataclass(frozen=True)
+class GPTConfig:
+    """Everything needed to rebuild the model (run.json stores it)."""
+
+    shape: ModelShape  # backbone dimensions
+    max_vocab: int  # rows of the embedding and of W: the largest head
+    max_seq: int  # learned positions: the longest input sequence
+    tie_embeddings: bool = False  # use the embedding table as W (one V x D matrix fewer)
+    compute_dtype: ComputeDtype = "f32"  # matmul dtype; parameters stay float32
+    norm_eps: float = 1e-5  # RMSNorm epsilon
+
+    def __post_init__(self) -> None:
+        for field in ("max_vocab", "max_seq"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise UserError(f"{field}={value!r} must be a positive integer")
+        if self.compute_dtype not in _DTYPES:
+            raise UserError(f"compute_dtype={self.compute_dtype!r} must be f32 or bf16")
+
+    @property
+    def dtype(self):
+        return _DTYPES[self.compute_dtype]
+
+    def n_params(self) -> int:
+        """Every weight: backbone, norms, positions, embedding and (untied) W."""
+        s = self.shape
+        norms = (2 * s.n_layers + 1) * s.d_model
+        tables = (1 if self.tie_embeddings else 2) * self.max_vocab * s.d_model
+        return s.n_nonembedding + norms + self.max_seq * s.d_model + tables
+
+
+def _normal(rngs: nnx.Rngs, shape: tuple[int, ...], std: float) -> nnx.Param:
+    return nnx.Param(std * jax.random.normal(rngs.params(), shape, jnp.float32))
+
+
+def _mm(x: jax.Array, w: jax.Array, dtype) -> jax.Array:
+    """x @ w in ``dtype`` with float32 results."""
+    return jnp.matmul(x.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, d_model: int, eps: float) -> None:
+        self.scale = nnx.Param(jnp.ones((d_model,), jnp.float32))
+        self.eps = eps
+
+    def __call__(self, x_btd: jax.Array) -> jax.Array:
+        x = x_btd.astype(jnp.float32)
+        rms = jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
+        return x * rms * self.scale[...]
+
+
+class Attention(nnx.Module):
+    """Causal self-attention with H query heads and K key/value heads (GQA when K < H)."""
+
+    def __init__(self, config: GPTConfig, *, rngs: nnx.Rngs) -> None:
+        s = config.shape
+        out_std = INIT_STD / math.sqrt(2 * s.n_layers)
+        self.n_heads, self.n_kv_heads, self.head_dim = s.n_heads, s.n_kv_heads, s.dh
+        self.dtype = config.dtype
+        self.w_q = _normal(rngs, (s.d_model, s.n_heads * s.dh), INIT_STD)
+        self.w_k = _normal(rngs, (s.d_model, s.n_kv_heads * s.dh), INIT_STD)
+        self.w_v = _normal(rngs, (s.d_model, s.n_kv_heads * s.dh), INIT_STD)
+        self.w_o = _normal(rngs, (s.n_heads * s.dh, s.d_model), out_std)
+
+    def __call__(self, x_btd: jax.Array) -> jax.Array:
+        b, t, _ = x_btd.shape
+        k_heads, dh = self.n_kv_heads, self.head_dim
+        group = self.n_heads // k_heads
+        q = _mm(x_btd, self.w_q[...], self.dtype).reshape(b, t, k_heads, group, dh)
+        k = _mm(x_btd, self.w_k[...], self.dtype).reshape(b, t, k_heads, dh)
+        v = _mm(x_btd, self.w_v[...], self.dtype).reshape(b, t, k_heads, dh)
+        scores = jnp.einsum(
+            "btkgd,bskd->bkgts",
+            q.astype(self.dtype),
+            k.astype(self.dtype),
+            preferred_element_type=jnp.float32,
+        ) / math.sqrt(dh)
+        causal_ts = jnp.tril(jnp.ones((t, t), dtype=bool))
+        scores = jnp.where(causal_ts, scores, -jnp.inf)
+        probs = jax.nn.softmax(scores, axis=-1)
+        out = jnp.einsum(
+            "bkgts,bskd->btkgd",
+            probs.astype(self.dtype),
+            v.astype(self.dtype),
+            preferred_element_type=jnp.float32,
+        )
+        return _mm(out.reshape(b, t, self.n_heads * dh), self.w_o[...], self.dtype)
+
+
+class MLP(nnx.Module):
+    """SwiGLU (``glu``): (silu(x W_gate) * x W_up) W_down; otherwise gelu(x W_in) W_out."""
+
+    def __init__(self, config: GPTConfig, *, rngs: nnx.Rngs) -> None:
+        s = config.shape
+        self.glu = s.glu
+        self.dtype = config.dtype
+        self.w_in = _normal(rngs, (s.d_model, s.d_ff), INIT_STD)
+        if s.glu:
+            self.w_gate = _normal(rngs, (s.d_model, s.d_ff), INIT_STD)
+        self.w_out = _normal(rngs, (s.d_ff, s.d_model), INIT_STD / math.sqrt(2 * s.n_layers))
+
+    def __call__(self, x_btd: jax.Array) -> jax.Array:
+        up = _mm(x_btd, self.w_in[...], self.dtype)
+        if self.glu:
+            act = jax.nn.silu(_mm(x_btd, self.w_gate[...], self.dtype)) * up
+        else:
+            act = jax.nn.gelu(up)
+        return _mm(act, self.w_out[...], self.dtype)
+
+
+class Block(nnx.Module):
+    def __init__(self, config: GPTConfig, *, rngs: nnx.Rngs) -> None:
+        d = config.shape.d_model
+        self.attn_norm = RMSNorm(d, config.norm_eps)
+        self.attn = Attention(config, rngs=rngs)
+        self.mlp_norm = RMSNorm(d, config.norm_eps)
+        self.mlp = MLP(config, rngs=rngs)
+
+    def __call__(self, x_btd: jax.Array) -> jax.Array:
+        x_btd = x_btd + self.attn(self.attn_norm(x_btd))
+        return x_btd + self.mlp(self.mlp_norm(x_btd))
+
+
+class GPT(nnx.Module):
+    """The backbone plus the nested heads ``W[:V]`` for every V <= ``config.max_vocab``."""
+
+    def __init__(self, config: GPTConfig, *, rngs: nnx.Rngs) -> None:
+        s = config.shape
+        self.config = config
+        self.embed = _normal(rngs, (config.max_vocab, s.d_model), INIT_STD)
+        self.pos = _normal(rngs, (config.max_seq, s.d_model), INIT_STD)
+        self.blocks = _ModuleList([Block(config, rngs=rngs) for _ in range(s.n_layers)])
+        self.final_norm = RMSNorm(s.d_model, config.norm_eps)
+        if not config.tie_embeddings:
+            self.unembed = _normal(rngs, (config.max_vocab, s.d_model), INIT_STD)
+
+    def __call__(self, ids_bt: jax.Array) -> jax.Array:
+        """Final normed hidden states (B, T, D), float32, of token ids (B, T)."""
+        if ids_bt.ndim != 2:
+            raise UserError(f"ids must be (B, T), got shape {tuple(ids_bt.shape)}")
+        t = ids_bt.shape[1]
+        if t > self.config.max_seq:
+            raise UserError(f"sequence length {t} is above max_seq={self.config.max_seq}")
+        x_btd = jnp.take(self.embed[...], ids_bt, axis=0) + self.pos[...][:t]
+        for block in self.blocks:
+            x_btd = block(x_btd)
+        return self.final_norm(x_btd)
+
+    def head(self, vocab: int) -> jax.Array:
+        """W_vd of the head of size ``vocab``: the first ``vocab`` rows of the one matrix."""
+        if not 0 < vocab <= self.config.max_vocab:
+            raise UserError(f"head {vocab=} must be in 1..max_vocab={self.config.max_vocab}")
+        w = self.embed if self.config.tie_embeddings else self.unembed
+        return w[...][:vocab].astype(self.config.dtype)
+
+    def logits(self, h_btd: jax.Array, vocab: int) -> jax.Array:
+        """Logits (B, T, vocab) of head ``vocab``, float32 (materialized: for tests and demos)."""
+        w_vd = self.head(vocab)
+        return jnp.einsum(
+            "btd,vd->btv",
+            h_btd.astype(w_vd.dtype),
+            w_vd,
+            preferred_element_type=jnp.float32,
+            precision=jax.lax.Precision.HIGHEST,
+        )
+
+    def loss(
+        self,
+        ids_bt: jax.Array,
+        labels_bt: jax.Array,
+        vocab: int,
+        *,
+        impl: Impl = "auto",
+        reduction: Literal["mean", "sum", "none"] = "mean",
+    ) -> jax.Array:
+        """Cross-entropy (nats) of head ``vocab`` predicting ``labels`` from ``ids``."""
+        return head_loss(self(ids_bt), self.head(vocab), labels_bt, impl=impl, reduction=reduction)
+
+
+def head_loss(
+    h_btd: jax.Array,
+    w_vd: jax.Array,
+    labels_bt: jax.Array,
+    *,
+    impl: Impl = "auto",
+    reduction: Literal["mean", "sum", "none"] = "mean",
+) -> jax.Array:
+    """linear_cross_entropy of hidden states (B, T, D) against a head W (V, D); labels equal to
+    -100 are left out."""
+    d = h_btd.shape[-1]
+    out = linear_cross_entropy(
+        h_btd.reshape(-1, d), w_vd, labels_bt.reshape(-1), impl=impl, reduction=reduction
+    )
+    return out.reshape(labels_bt.shape) if reduction == "none" else out

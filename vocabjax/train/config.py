@@ -1,0 +1,163 @@
+"""The configuration of a training run: what ``run.json`` holds, so that ``--resume`` (and later
+``serve`` / ``generate``) can rebuild the model, the data order and the optimizer."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from vocabjax.errors import UserError
+from vocabjax.models import GPTConfig
+from vocabjax.profiles import SCHEMA, atomic_write_json, load_json
+from vocabjax.shapes import ModelShape, shape_from_mapping
+
+RUN_FILE = "run.json"
+RUN_KIND = "training_run"
+TOKENIZER_DIR = "tokenizer"  # where an automatically trained tokenizer lives inside the run
+
+Impl = Literal["auto", "xla", "chunked", "pallas"]
+BUILTIN_TRAIN_BYTES = 2 * 2**20  # the default cap on the builtin corpus: encodes in seconds
+
+
+def default_max_bytes(spec: str) -> int | None:
+    """All of a user's corpus; 2 MiB of the builtin one (enough text for a minute's training)."""
+    return BUILTIN_TRAIN_BYTES if spec == "builtin" else None
+
+
+def default_warmup(steps: int) -> int:
+    """A tenth of the steps, at most 100."""
+    return min(100, steps // 10)
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusSpec:
+    """How the corpus was opened (``open_corpus`` arguments)."""
+
+    spec: str  # a path, glob or "builtin"
+    field: str = "text"  # .jsonl field / .parquet column
+    held_out: float = 0.1  # fraction of documents held out (by content hash)
+    max_bytes: int | None = None  # read at most this much text before the split
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """Everything that decides a run's parameters; ``run.json`` stores it."""
+
+    shape: ModelShape  # the backbone
+    heads: tuple[int, ...]  # head vocabulary sizes, increasing; the largest sizes the tables
+    tokenizer: str  # nested tokenizer directory (relative paths are inside the run directory)
+    corpus: CorpusSpec  # the text trained on (train part) and evaluated on (held-out part)
+    steps: int  # optimizer steps in all (also the horizon of the cosine decay)
+    seq_len: int = 128  # T: tokens per window the model sees (windows hold T + 1)
+    batch: int = 8  # windows per head per step
+    lr: float = 3e-3  # peak learning rate
+    warmup: int = 20  # linear warm-up steps (then cosine decay to lr * min_lr_ratio)
+    min_lr_ratio: float = 0.1  # the learning rate at the last step, relative to lr
+    weight_decay: float = 0.1  # AdamW decay of the matrices (not of norms)
+    clip: float = 1.0  # global gradient-norm clip
+    b1: float = 0.9  # Adam beta1
+    b2: float = 0.95  # Adam beta2
+    seed: int = 0  # initial parameters and the order of the training windows
+    tie_embeddings: bool = False  # W = the embedding table
+    compute_dtype: Literal["f32", "bf16"] = "f32"  # matmul dtype (parameters stay f32)
+    # Not part of the training maths (may change on --resume):
+    impl: Impl = "auto"  # linear_cross_entropy implementation
+    eval_tokens: int = 32768  # held-out tokens of the smallest head evaluated (same text for all)
+    checkpoint_every: int = 100  # steps between checkpoints (0: only at the end)
+
+    # Fields a resumed run may change; every other field must match run.json.
+    MUTABLE = ("steps", "impl", "eval_tokens", "checkpoint_every")
+
+    def __post_init__(self) -> None:
+        heads = tuple(self.heads)
+        if not heads:
+            raise UserError("give at least one head size")
+        if list(heads) != sorted(set(heads)):
+            raise UserError(f"heads={list(heads)} must be distinct and increasing")
+        positive = ("steps", "seq_len", "batch", "eval_tokens")
+        for name in positive:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise UserError(f"{name}={value!r} must be a positive integer")
+        for name in ("warmup", "checkpoint_every", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise UserError(f"{name}={value!r} must be an integer >= 0")
+        for name in ("lr", "clip"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise UserError(f"{name}={value!r} must be a finite number > 0")
+        if not 0.0 <= self.weight_decay < 1.0 or not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise UserError(
+                f"weight_decay={self.weight_decay} must be in [0, 1) and "
+                f"min_lr_ratio={self.min_lr_ratio} in [0, 1]"
+            )
+        if not (0.0 <= self.b1 < 1.0 and 0.0 <= self.b2 < 1.0):
+            raise UserError(f"b1={self.b1} and b2={self.b2} must be in [0, 1)")
+        if self.impl not in ("auto", "xla", "chunked", "pallas"):
+            raise UserError(f"impl={self.impl!r} must be auto, xla, chunked or pallas")
+        object.__setattr__(self, "heads", heads)
+
+    @property
+    def max_vocab(self) -> int:
+        return self.heads[-1]
+
+    @property
+    def model_config(self) -> GPTConfig:
+        return GPTConfig(
+            self.shape,
+            max_vocab=self.max_vocab,
+            max_seq=self.seq_len,
+            tie_embeddings=self.tie_embeddings,
+            compute_dtype=self.compute_dtype,
+        )
+
+    def tokenizer_path(self, run_dir: str | Path) -> Path:
+        path = Path(self.tokenizer)
+        return path if path.is_absolute() else Path(run_dir) / path
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["shape"] = {k: v for k, v in self.shape.to_json().items() if k not in ("schema",)}
+        data["heads"] = list(self.heads)
+        return {"schema": SCHEMA, "kind": RUN_KIND, **data}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], *, where: str) -> RunConfig:
+        data = {k: v for k, v in data.items() if k not in ("schema", "kind")}
+        try:
+            shape = shape_from_mapping(data.pop("shape"), name=where)
+            corpus = CorpusSpec(**data.pop("corpus"))
+            return cls(shape=shape, corpus=corpus, **{**data, "heads": tuple(data["heads"])})
+        except (KeyError, TypeError) as exc:
+            raise UserError(f"{where}: not a run configuration vocabjax can read ({exc})") from None
+
+    def differences(self, other: RunConfig) -> list[str]:
+        """Fields (outside ``MUTABLE``) whose values differ, as ``name: ours != theirs``."""
+        out = []
+        for field in dataclasses.fields(self):
+            if field.name in self.MUTABLE:
+                continue
+            a, b = getattr(self, field.name), getattr(other, field.name)
+            if a != b:
+                out.append(f"{field.name}: {_show(a)} != {_show(b)}")
+        return out
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, ModelShape):
+        return value.name
+    return json.dumps(dataclasses.asdict(value)) if dataclasses.is_dataclass(value) else repr(value)
+
+
+def write_run(run_dir: str | Path, config: RunConfig) -> Path:
+    return atomic_write_json(Path(run_dir) / RUN_FILE, config.to_json())
+
+
+def read_run(run_dir: str | Path) -> RunConfig:
+    path = Path(run_dir) / RUN_FILE
+    return RunConfig.from_json(load_json(path, RUN_KIND), where=str(path))

@@ -1,0 +1,478 @@
+"""A training run from start (or its last checkpoint) to a training profile.
+
+    config = RunConfig(shape=load_shape("tiny"), heads=(1024, 2048, 4096), tokenizer=None,
+                       corpus=CorpusSpec("builtin", max_bytes=2 << 20), steps=200)
+    result = train(config, "runs/tiny")          # run.json, checkpoint/, training.json
+    result = train(resume_config("runs/tiny", {"steps": 400}), "runs/tiny", resume=True)
+
+The run directory holds ``run.json`` (the configuration), ``checkpoint/`` (parameters, optimizer
+state, step), ``tokenizer/`` when the run trained its own, and ``training.json`` at the end.
+Nothing is written before the first checkpoint, so a run that fails early leaves nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import platform
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+
+import vocabjax
+from vocabjax.corpus import Corpus, open_corpus
+from vocabjax.errors import UserError
+from vocabjax.profiles import atomic_write_json
+from vocabjax.train.checkpoint import load_checkpoint, restore, save_checkpoint
+from vocabjax.train.config import RUN_FILE, TOKENIZER_DIR, RunConfig, read_run, write_run
+from vocabjax.train.data import (
+    HeadTokenizer,
+    Streams,
+    Windows,
+    load_data,
+    tokenizers_from_dir,
+    tokenizers_from_nested,
+)
+from vocabjax.train.evaluate import heldout_bpb, throughput
+from vocabjax.train.steps import (
+    Functional,
+    Params,
+    all_finite,
+    init_params,
+    make_train_step,
+    optimizer,
+)
+from vocabjax.trainprofile import TrainingProfile
+from vocabjax.vocab import NestedBPE, save_nested, train_nested
+
+TRAINING_FILE = "training.json"
+RECENT = 20  # the reported train loss is the mean over this many last steps
+Progress = Callable[[str], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadResult:
+    vocab: int
+    train_loss: float | None  # mean cross-entropy (nats/token) of the last steps
+    bpb: float  # held-out bits per byte
+    tokens_per_s: float  # training tokens/s of a step with this head alone
+    bytes_per_token: float  # held-out UTF-8 bytes per text token
+    eval_tokens: int  # held-out tokens predicted
+    train_tokens: int  # tokens of this head's train stream
+
+    def row(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainResult:
+    config: RunConfig
+    run_dir: Path
+    step: int  # optimizer steps done
+    heads: tuple[HeadResult, ...]  # empty when the run stopped early (``stop_after``)
+    device: str
+    seconds: float
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [h.row() for h in self.heads]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": 1,
+            "kind": "train",
+            "run": str(self.run_dir),
+            "model": self.config.shape.name,
+            "step": self.step,
+            "device": self.device,
+            "seconds": round(self.seconds, 3),
+            "heads": self.rows(),
+        }
+
+
+def device_label() -> str:
+    d = jax.devices()[0]
+    if d.platform == "cpu":
+        return f"cpu ({platform.machine()}, {os.cpu_count()} cores)"
+    return f"{d.platform} {d.device_kind}"
+
+
+_OPTION = {"shape": "--model", "corpus.spec": "--corpus", "heads": "--heads"}
+
+
+def resume_config(run_dir: str | Path, given: Mapping[str, Any]) -> RunConfig:
+    """run.json's configuration with the options given on the command line applied: those in
+    ``RunConfig.MUTABLE`` replace the stored values, any other must equal it. Keys are field
+    names, corpus fields as ``corpus.spec``, ``corpus.max_bytes``, ..."""
+    run_dir = Path(run_dir)
+    if not (run_dir / RUN_FILE).is_file():
+        raise UserError(f"--resume: {run_dir} holds no {RUN_FILE} (no run to continue)")
+    stored = read_run(run_dir)
+    changes: dict[str, Any] = {}
+    for key, value in given.items():
+        if key.startswith("corpus."):
+            have = getattr(stored.corpus, key.removeprefix("corpus."))
+        else:
+            have = getattr(stored, key)
+        if key in RunConfig.MUTABLE:
+            changes[key] = value
+            continue
+        same = have == value
+        if key == "tokenizer" and value is not None:
+            same = stored.tokenizer_path(run_dir).resolve() == Path(value).resolve()
+        if key == "heads":
+            same = tuple(have) == tuple(value)
+        if not same:
+            option = _OPTION.get(key, "--" + key.removeprefix("corpus.").replace("_", "-"))
+            show = {
+                "shape": lambda x: x.name,
+                "heads": lambda x: ",".join(map(str, x)),
+            }.get(key, repr)
+            raise UserError(
+                f"--resume: {option} {show(value)} differs from the run in {run_dir} "
+                f"({show(have)}); drop the option or choose another --out"
+            )
+    return dataclasses.replace(stored, **changes)
+
+
+def _check_fresh(run_dir: Path) -> None:
+    if not run_dir.exists():
+        return
+    if not run_dir.is_dir():
+        raise UserError(f"--out {run_dir} exists and is not a directory")
+    if (run_dir / RUN_FILE).exists():
+        raise UserError(
+            f"{run_dir} holds a training run ({RUN_FILE}); pass --resume to continue it, "
+            "or choose another --out"
+        )
+    if any(run_dir.iterdir()):
+        raise UserError(f"--out {run_dir} exists and is not empty; choose another directory")
+
+
+def train(
+    config: RunConfig,
+    run_dir: str | Path,
+    *,
+    resume: bool = False,
+    progress: Progress | None = None,
+    log_every: int | None = None,
+    stop_after: int | None = None,
+    measure: bool = True,
+    timing_repeats: int = 5,
+) -> TrainResult:
+    """Train ``config`` into ``run_dir`` (or continue it with ``resume``), then measure every
+    head. ``config.tokenizer=None`` trains a nested BPE at the heads' sizes first (saved to
+    ``run_dir/tokenizer``). ``stop_after`` stops after that many steps, once their checkpoint
+    is written, as a killed run would; it and ``measure=False`` skip the measurement (and
+    training.json)."""
+    log = progress or (lambda _msg: None)
+    started = time.perf_counter()
+    run_dir = Path(run_dir)
+    if resume:
+        _check_resume(config, run_dir, log)
+    else:
+        _check_fresh(run_dir)
+    session = _Session.prepare(config, run_dir, resume=resume, log=log)
+    end = config.steps if stop_after is None else min(config.steps, stop_after)
+    session.fit(end, every=log_every or max(1, config.steps // 10))
+    config = session.config
+    if end < config.steps or not measure:
+        if end < config.steps:
+            log(f"stopped after step {end}; continue with --resume")
+        return TrainResult(config, run_dir, end, (), device_label(), time.perf_counter() - started)
+    log("measuring held-out bits per byte and tokens/s per head")
+    heads = session.measure(timing_repeats)
+    result = TrainResult(config, run_dir, end, heads, device_label(), time.perf_counter() - started)
+    write_profile(result, session.corpus.describe("heldout"))
+    log(f"wrote {run_dir / TRAINING_FILE}")
+    return result
+
+
+def _check_resume(config: RunConfig, run_dir: Path, log: Progress) -> None:
+    if not (run_dir / RUN_FILE).is_file():
+        raise UserError(f"--resume: {run_dir} holds no {RUN_FILE} (no run to continue)")
+    stored = read_run(run_dir)
+    diffs = stored.differences(config)
+    if diffs:
+        raise UserError(f"--resume: the configuration differs from {run_dir}: {diffs[0]}")
+    if stored.steps != config.steps:
+        log(
+            f"note: the learning rate now decays over {config.steps} steps (the run had "
+            f"{stored.steps}); the result differs from a straight {config.steps}-step run"
+        )
+
+
+@dataclasses.dataclass
+class _Session:
+    """A run's data, model and optimizer state between the checks and the measurement."""
+
+    config: RunConfig
+    run_dir: Path
+    log: Progress
+    corpus: Corpus
+    nested: NestedBPE | None  # a tokenizer trained by this run, saved with the first checkpoint
+    heads: list[HeadTokenizer]
+    windows: list[Windows]
+    heldout: Streams
+    train_tokens: list[int]
+    fn: Functional
+    tx: optax.GradientTransformation
+    params: Params
+    opt_state: Any
+    step: int = 0  # optimizer steps done
+    recent: list[list[float]] = dataclasses.field(default_factory=list)  # last losses per head
+    written: bool = False  # run_dir holds run.json (and the tokenizer)
+    saved: int | None = None  # step of the last checkpoint on disk
+
+    @classmethod
+    def prepare(cls, config: RunConfig, run_dir: Path, *, resume: bool, log: Progress):
+        c = config.corpus
+        corpus = open_corpus(c.spec, field=c.field, held_out=c.held_out, max_bytes=c.max_bytes)
+        nested = None
+        if config.tokenizer is None:
+            log(
+                f"no --tokenizer: training a nested BPE at {', '.join(map(str, config.heads))} "
+                f"on {corpus.describe('train')}, to be saved in {run_dir / TOKENIZER_DIR}"
+            )
+            nested = train_nested(corpus.texts("train"), config.heads, progress=log)
+            heads = tokenizers_from_nested(nested, config.heads)
+            config = dataclasses.replace(config, tokenizer=TOKENIZER_DIR)
+        else:
+            heads = tokenizers_from_dir(config.tokenizer_path(run_dir), config.heads)
+        log(f"corpus: {corpus.label}")
+        windows, train_streams, heldout = load_data(
+            corpus,
+            heads,
+            seq_len=config.seq_len,
+            batch=config.batch,
+            seed=config.seed,
+            eval_tokens=config.eval_tokens,
+            progress=log,
+        )
+        fn, params = init_params(config)
+        tx = optimizer(config)
+        session = cls(
+            config=config,
+            run_dir=run_dir,
+            log=log,
+            corpus=corpus,
+            nested=nested,
+            heads=heads,
+            windows=windows,
+            heldout=heldout,
+            train_tokens=[int(len(ids)) for ids in train_streams.ids],
+            fn=fn,
+            tx=tx,
+            params=params,
+            opt_state=tx.init(params),
+            written=resume,
+        )
+        if resume:
+            session.restore()
+        return session
+
+    def restore(self) -> None:
+        checkpoint = load_checkpoint(self.run_dir)
+        if checkpoint is None:
+            self.log(f"{self.run_dir} has no checkpoint yet: starting at step 0")
+            return
+        if checkpoint.step > self.config.steps:
+            raise UserError(
+                f"--resume: the checkpoint in {self.run_dir} is at step {checkpoint.step}, "
+                f"beyond --steps {self.config.steps}"
+            )
+        if checkpoint.meta.get("train_tokens") != self.train_tokens:
+            raise UserError(
+                "--resume: the corpus or tokenizer changed since the checkpoint (train tokens "
+                f"per head {checkpoint.meta.get('train_tokens')} then, {self.train_tokens} now)"
+            )
+        self.params, self.opt_state = restore(
+            checkpoint, self.params, self.opt_state, where=str(self.run_dir)
+        )
+        self.step = self.saved = checkpoint.step
+        self.recent = list(checkpoint.meta.get("recent_losses", []))
+        self.log(f"resuming {self.run_dir} at step {self.step} of {self.config.steps}")
+
+    def last_saved(self) -> str:
+        if self.saved is None:
+            return "no checkpoint was written"
+        return f"the last checkpoint is at step {self.saved}"
+
+    def save(self) -> None:
+        """Checkpoint the current state (never a non-finite one); the first save also writes
+        the tokenizer this run trained and run.json."""
+        if not all_finite(self.params) or not all_finite(self.opt_state):
+            raise UserError(
+                f"the parameters are not finite after step {self.step}; not checkpointed "
+                f"({self.last_saved()}); lower --lr"
+            )
+        cfg = self.config
+        if not self.written:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            if self.nested is not None:
+                save_nested(
+                    self.nested,
+                    self.run_dir / TOKENIZER_DIR,
+                    corpus=self.corpus.describe("train"),
+                    source=f"train --heads {','.join(map(str, cfg.heads))}",
+                )
+            self.written = True
+        write_run(self.run_dir, cfg)
+        meta = {
+            "seed": cfg.seed,
+            "windows_used": self.step * cfg.batch,  # per head; the order is (seed, head, epoch)
+            "windows_per_epoch": [w.count for w in self.windows],
+            "train_tokens": self.train_tokens,
+            "recent_losses": self.recent,
+        }
+        save_checkpoint(self.run_dir, self.step, self.params, self.opt_state, meta)
+        self.saved = self.step
+
+    def fit(self, end: int, *, every: int) -> None:
+        """Steps up to ``end``, checkpoints every ``checkpoint_every`` steps and at ``end``."""
+        cfg = self.config
+        n_params = sum(int(np.prod(p.shape)) for p in self.params.values())
+        self.log(
+            f"model {cfg.shape.name}: {n_params / 1e6:.2f}M parameters (embedding and W of "
+            f"{cfg.max_vocab} rows), heads {list(cfg.heads)}, {cfg.batch} x {cfg.seq_len} "
+            f"tokens per head per step, {cfg.steps} steps"
+        )
+        step_fn = make_train_step(self.fn, cfg.heads, self.tx, cfg.impl)
+        meter = _Meter(len(self.heads) * cfg.batch * cfg.seq_len, first=self.step, end=end)
+        while self.step < end:
+            batch = np.stack([w.batch(self.step, cfg.batch) for w in self.windows])
+            self.params, self.opt_state, losses = step_fn(self.params, self.opt_state, batch)
+            losses = np.asarray(losses, dtype=np.float64)
+            self.step += 1
+            if not np.all(np.isfinite(losses)):
+                raise UserError(
+                    f"the loss is not finite at step {self.step} "
+                    f"({_losses(cfg.heads, losses, 'head ')}); "
+                    f"stopped without checkpointing it ({self.last_saved()}); lower --lr"
+                )
+            self.recent = [*self.recent, [float(x) for x in losses]][-RECENT:]
+            meter.tick(self.step)
+            if self.step == meter.first + 1 or self.step % every == 0 or self.step == end:
+                self.log(
+                    f"step {self.step}/{cfg.steps}  loss {_losses(cfg.heads, losses)}  {meter}"
+                )
+            if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and self.step < end:
+                self.save()
+        if self.saved != self.step:
+            self.save()
+
+    def measure(self, timing_repeats: int) -> tuple[HeadResult, ...]:
+        cfg = self.config
+        evals = [
+            heldout_bpb(
+                self.fn, self.params, head, ids, seq_len=cfg.seq_len, batch=cfg.batch, impl=cfg.impl
+            )
+            for head, ids in zip(self.heads, self.heldout.ids, strict=True)
+        ]
+        speeds = throughput(
+            self.fn,
+            self.params,
+            self.opt_state,
+            self.tx,
+            self.heads,
+            self.windows,
+            batch=cfg.batch,
+            impl=cfg.impl,
+            repeats=timing_repeats,
+        )
+        losses = np.mean(np.asarray(self.recent), axis=0) if self.recent else [None] * len(evals)
+        return tuple(
+            HeadResult(
+                vocab=head.vocab,
+                train_loss=None if loss is None else float(loss),
+                bpb=ev.bpb,
+                tokens_per_s=speed,
+                bytes_per_token=ev.bytes_per_token,
+                eval_tokens=len(ids) - 1,
+                train_tokens=n,
+            )
+            for head, loss, ev, speed, ids, n in zip(
+                self.heads, losses, evals, speeds, self.heldout.ids, self.train_tokens, strict=True
+            )
+        )
+
+
+def _losses(heads, losses, prefix: str = "") -> str:
+    return ", ".join(f"{prefix}{v}: {x:.4g}" for v, x in zip(heads, losses, strict=True))
+
+
+class _Meter:
+    """Training tokens/s, elapsed time and ETA for the progress lines; the first step (which
+    compiles) is left out of the rate once there is a second."""
+
+    def __init__(self, tokens_per_step: int, *, first: int, end: int) -> None:
+        self.tokens_per_step, self.first, self.end = tokens_per_step, first, end
+        self.start = time.perf_counter()
+        self.steady: tuple[float, int] | None = None  # (time, step) after the first step
+        self.now, self.step = self.start, first
+
+    def tick(self, step: int) -> None:
+        self.now, self.step = time.perf_counter(), step
+        if self.steady is None:
+            self.steady = (self.now, step)
+
+    def __str__(self) -> str:
+        t0, s0 = self.steady or (self.start, self.first)
+        elapsed = self.now - self.start
+        if self.step > s0:
+            per_step = (self.now - t0) / (self.step - s0)
+            return (
+                f"{self.tokens_per_step / per_step:,.0f} tok/s  elapsed {elapsed:.0f} s  "
+                f"eta {(self.end - self.step) * per_step:.0f} s"
+            )
+        rate = (self.step - self.first) * self.tokens_per_step / max(elapsed, 1e-9)
+        return f"{rate:,.0f} tok/s  elapsed {elapsed:.0f} s  eta -  (includes compiling)"
+
+
+def write_profile(result: TrainResult, corpus: str) -> Path:
+    """``training.json``: the TrainingProfile (for ``sweep --training``) plus what was run."""
+    cfg = result.config
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    heads = ",".join(str(h.vocab) for h in result.heads)
+    profile = TrainingProfile(
+        name=f"{result.run_dir.name}: {cfg.shape.name}, heads {heads}",
+        vocab=tuple(h.vocab for h in result.heads),
+        tokens_per_s=tuple(h.tokens_per_s for h in result.heads),
+        bpb=tuple(h.bpb for h in result.heads),
+        source=(
+            f"vocabjax train: model {cfg.shape.name}, heads {heads}, {result.step} steps of "
+            f"{cfg.batch} x {cfg.seq_len} tokens per head, corpus {corpus}, device "
+            f"{result.device}, jax {jax.__version__}, {date}"
+        ),
+    )
+    data = profile.to_json()
+    for point, head in zip(data["points"], result.heads, strict=True):
+        point.update(
+            train_loss=head.train_loss,
+            bytes_per_token=head.bytes_per_token,
+            eval_tokens=head.eval_tokens,
+        )
+    data.update(
+        model=cfg.shape.name,
+        steps=result.step,
+        corpus=corpus,
+        device=result.device,
+        date=date,
+        vocabjax=vocabjax.__version__,
+    )
+    return atomic_write_json(result.run_dir / TRAINING_FILE, data)
+
+
+__all__ = [
+    "TRAINING_FILE",
+    "HeadResult",
+    "TrainResult",
+    "device_label",
+    "resume_config",
+    "train",
+]

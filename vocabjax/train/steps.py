@@ -1,0 +1,155 @@
+"""The jitted pieces of training: parameters as a flat ``{name: array}`` dict, the optimizer, the
+training step over several heads, the held-out cross-entropy sum, and throughput timing.
+
+The model is split once (``nnx.split``) and merged inside each jitted function, so the training
+state is plain arrays: optax updates a dict, and a checkpoint is that dict plus the optimizer's
+leaves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from vocabjax.models import GPT, head_loss
+from vocabjax.train.config import RunConfig
+
+Params = dict[str, jax.Array]
+
+
+def _entry(key: Any) -> str:
+    for attr in ("key", "idx", "name"):
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
+
+
+@dataclasses.dataclass(frozen=True)
+class Functional:
+    """A model as (graph, named parameter arrays)."""
+
+    graphdef: Any
+    treedef: Any
+    names: tuple[str, ...]  # "blocks.0.attn.w_q.value", ... in tree order
+
+    @classmethod
+    def of(cls, model: GPT) -> tuple[Functional, Params]:
+        graphdef, state = nnx.split(model)
+        flat, treedef = jax.tree_util.tree_flatten_with_path(state)
+        names = tuple(".".join(_entry(k) for k in path) for path, _ in flat)
+        if len(set(names)) != len(names):
+            raise RuntimeError("two parameters flatten to the same name")
+        return cls(graphdef, treedef, names), dict(zip(names, (x for _, x in flat), strict=True))
+
+    def model(self, params: Params) -> GPT:
+        state = jax.tree_util.tree_unflatten(self.treedef, [params[n] for n in self.names])
+        return nnx.merge(self.graphdef, state)
+
+
+def init_params(config: RunConfig) -> tuple[Functional, Params]:
+    """Fresh parameters drawn from ``config.seed``."""
+    return Functional.of(GPT(config.model_config, rngs=nnx.Rngs(config.seed)))
+
+
+def learning_rate(config: RunConfig):
+    """Linear warm-up to ``lr`` over ``warmup`` steps, then cosine decay to ``lr *
+    min_lr_ratio`` at the last step (``steps``)."""
+    peak, warmup, steps = float(config.lr), config.warmup, config.steps
+    floor = peak * config.min_lr_ratio
+
+    def schedule(count):
+        s = jnp.asarray(count).astype(jnp.float32)
+        warm = peak * (s + 1.0) / max(warmup, 1)
+        frac = jnp.clip((s - warmup) / max(steps - warmup - 1, 1), 0.0, 1.0)
+        cosine = floor + (peak - floor) * 0.5 * (1.0 + jnp.cos(math.pi * frac))
+        return jnp.where(s < warmup, warm, cosine)
+
+    return schedule
+
+
+def optimizer(config: RunConfig) -> optax.GradientTransformation:
+    """Gradient clipping, then AdamW; matrices decay, norm scales do not."""
+    return optax.chain(
+        optax.clip_by_global_norm(config.clip),
+        optax.adamw(
+            learning_rate(config),
+            b1=config.b1,
+            b2=config.b2,
+            weight_decay=config.weight_decay,
+            mask=lambda params: {k: v.ndim >= 2 for k, v in params.items()},
+        ),
+    )
+
+
+def make_train_step(
+    fn: Functional, heads: Sequence[int], tx: optax.GradientTransformation, impl: str
+):
+    """``step(params, opt_state, batch_hbt) -> (params, opt_state, losses_h)``: one batch per
+    head (H, B, T + 1); the loss is the mean over heads of each head's mean cross-entropy. The
+    heads' windows go through the backbone together, as one batch of H B windows."""
+    heads = tuple(heads)
+
+    def loss_fn(params: Params, batch_hbt: jax.Array):
+        model = fn.model(params)
+        n_heads, b, t1 = batch_hbt.shape
+        ids = batch_hbt[..., :-1].reshape(n_heads * b, t1 - 1)
+        h_hbtd = model(ids).reshape(n_heads, b, t1 - 1, -1)
+        losses = jnp.stack(
+            [
+                head_loss(h_hbtd[j], model.head(v), batch_hbt[j, :, 1:], impl=impl)
+                for j, v in enumerate(heads)
+            ]
+        )
+        return jnp.mean(losses), losses
+
+    @jax.jit
+    def step(params: Params, opt_state, batch_hbt: jax.Array):
+        (_, losses), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch_hbt)
+        # optax's Adam bias correction raises a Python float to the int32 step count, which
+        # strict dtype promotion (the tests' setting) refuses; the standard rules make it f32.
+        with jax.numpy_dtype_promotion("standard"):
+            updates, opt_state = tx.update(grads, opt_state, params)
+            params = optax.apply_updates(params, updates)
+        return params, opt_state, losses
+
+    return step
+
+
+def make_eval_step(fn: Functional, vocab: int, impl: str):
+    """``nats(params, inputs_bt, labels_bt)``: the summed cross-entropy (nats) of head
+    ``vocab`` over the labels that are not IGNORE."""
+
+    @jax.jit
+    def nats(params: Params, inputs_bt: jax.Array, labels_bt: jax.Array) -> jax.Array:
+        model = fn.model(params)
+        return head_loss(model(inputs_bt), model.head(vocab), labels_bt, impl=impl, reduction="sum")
+
+    return nats
+
+
+def all_finite(tree) -> bool:
+    return all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(tree) if _is_float(x))
+
+
+def _is_float(x) -> bool:
+    return jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating)
+
+
+def time_step(step, args: tuple, *, repeats: int) -> float:
+    """Median wall seconds of ``step(*args)`` after one compiling call; inputs stay fixed."""
+    jax.block_until_ready(step(*args))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(step(*args))
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
