@@ -850,6 +850,158 @@ def train_command(ctx, out, resume, fmt, **options):
     emit(render.rows(rows, fmt, columns=columns))
 
 
+# ---- serving: generate ----------------------------------------------------------------------
+
+
+def _parse_head(text: str, *, what: str = "head"):
+    """``auto`` or a size (``4k``, ``4096``)."""
+    return "auto" if str(text).strip().lower() == "auto" else parse_size(text, what=what)
+
+
+@main.command("generate", context_settings=CONTEXT)
+@click.option(
+    "--run",
+    "run_dir",
+    type=click.Path(file_okay=False),
+    required=True,
+    help="Run directory written by `train` (run.json, checkpoint/, tokenizer).",
+)
+@click.option(
+    "--prompt",
+    "prompts",
+    multiple=True,
+    required=True,
+    help="Text to continue; repeat for a batch (one sequence each).",
+)
+@click.option(
+    "--head",
+    type=_Parsed("auto|SIZE", _parse_head),
+    default="auto",
+    show_default=True,
+    help="Head vocabulary size, one of the run's heads; auto: the policy's route for this "
+    "batch size, or the largest head.",
+)
+@click.option(
+    "--policy",
+    type=click.Path(dir_okay=False),
+    help="Policy .json (`plan --out`): with --head auto, its batch route picks the head.",
+)
+@click.option(
+    "--max-new-tokens",
+    type=click.IntRange(1),
+    default=64,
+    show_default=True,
+    help="Most tokens generated per prompt (fewer at <|endoftext|> or the run's seq-len).",
+)
+@click.option(
+    "--temperature",
+    type=click.FloatRange(0),
+    default=0.0,
+    show_default=True,
+    help="0: greedy (argmax); above 0: sample softmax(logits / temperature).",
+)
+@click.option("--top-k", type=click.IntRange(1), help="Sample among the k most likely tokens.")
+@click.option("--seed", type=click.IntRange(0), default=0, show_default=True, help="Sampling seed.")
+@format_option
+def generate(run_dir, prompts, head, policy, max_new_tokens, temperature, top_k, seed, fmt):
+    """Continue prompts with a trained run at one of its nested heads (jitted KV-cache decode).
+
+    \b
+    Example:
+        python cli.py train --out runs/tiny
+        python cli.py generate --run runs/tiny --prompt "def main(" --max-new-tokens 32
+        python cli.py generate --run runs/tiny --prompt "import " --prompt "class " --head 1k \\
+            --temperature 0.8 --top-k 40 --seed 1 --format json
+        python cli.py generate --run runs/tiny --prompt "x = " --policy policy.json
+    """
+    from vocabjax.serving import Engine, Sampling, choose_head, load_policy, load_run
+
+    sampling = Sampling(temperature=temperature, top_k=top_k, seed=seed)
+    routes = load_policy(policy) if policy else None
+    run = load_run(run_dir)
+    if policy and head != "auto":
+        log(f"note: --head {head} given; the policy's routes are not used")
+    choice = choose_head(run.heads, head, batch=len(prompts), routes=routes)
+    engine = Engine(run)
+    engine.encode(prompts, choice.vocab)  # an empty or too long prompt fails before any log
+    log(f"{run.run_dir}: {run.config.shape.name} at step {run.step}; {choice.reason}")
+    out = engine.generate(
+        list(prompts), head=choice.vocab, max_new_tokens=max_new_tokens, sampling=sampling
+    )
+    t = out.timing()
+    rate = t["decode_tokens_per_s"]
+    log(
+        f"unembedding impl {out.impl} ({out.impl_reason}); compiled in {t['compile_s']:.2f} s; "
+        f"prefill {t['prefill_ms']:.2f} ms (B={t['batch']}, padded to {t['bucket']} tokens); "
+        + (
+            f"decode {rate:,.0f} tokens/s ({t['decode_steps']} steps, "
+            f"{t['decode_ms_per_step']:.2f} ms/step)"
+            if rate is not None
+            else "no decode steps"
+        )
+    )
+    rows = [
+        {
+            "prompt": c.prompt,
+            "head": c.head,
+            "prompt_tokens": c.prompt_tokens,
+            "new_tokens": len(c.tokens),
+            "stop": c.stop,
+            "text": c.text,
+        }
+        for c in out.completions
+    ]
+    if fmt == "json":
+        emit(
+            render.json_text(
+                {
+                    "schema": 1,
+                    "kind": "generate",
+                    "run": str(run.run_dir),
+                    "step": run.step,
+                    "head": out.head,
+                    "head_reason": choice.reason,
+                    "impl": out.impl,
+                    "temperature": temperature,
+                    "top_k": top_k,
+                    "seed": seed,
+                    "max_new_tokens": max_new_tokens,
+                    "completions": [
+                        {**r, "tokens": list(c.tokens)}
+                        for r, c in zip(rows, out.completions, strict=True)
+                    ],
+                    "timing": t,
+                }
+            )
+        )
+        return
+    if fmt == "table":
+        for i, r in enumerate(rows, 1):
+            emit(
+                f"[{i}] head {r['head']}: {r['prompt_tokens']} prompt tokens, "
+                f"{r['new_tokens']} new (stop: {r['stop']})"
+            )
+            emit(r["prompt"] + r["text"])
+            emit("")
+        emit(
+            f"prefill {t['prefill_ms']:.2f} ms; decode "
+            + ("-" if rate is None else f"{rate:,.0f} tokens/s")
+            + f" (B={t['batch']}, after compiling)"
+        )
+        return
+    if fmt == "markdown":  # one line per cell
+        rows = [
+            {k: v.replace("|", "\\|").replace("\n", "\\n") if isinstance(v, str) else v
+             for k, v in r.items()}
+            for r in rows
+        ]  # fmt: skip
+    emit(render.rows([{**r, **_timing_columns(t)} for r in rows], fmt))
+
+
+def _timing_columns(t: dict) -> dict:
+    return {"prefill_ms": t["prefill_ms"], "decode_tokens_per_s": t["decode_tokens_per_s"]}
+
+
 # ---- kernels: autotune ----------------------------------------------------------------------
 
 

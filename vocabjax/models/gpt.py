@@ -3,6 +3,8 @@
     model = GPT(GPTConfig(load_shape("tiny"), max_vocab=4096, max_seq=128), rngs=nnx.Rngs(0))
     h_btd = model(ids_bt)                      # final normed hidden states
     loss = model.loss(ids_bt, labels_bt, vocab=1024)   # head V = 1024: rows W[:1024]
+    caches = model.init_cache(batch=2, max_len=128)    # per-layer K/V for serving
+    h_btd, caches = model.cached(ids_bt, caches, start_b)   # ids at positions start_b + t
 
 Architecture (chosen for a small, dependable training measurement, close to Llama's block):
 pre-RMSNorm blocks, causal self-attention with grouped-query heads (``n_kv_heads`` K of them, each
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -108,29 +110,73 @@ class Attention(nnx.Module):
         self.w_v = _normal(rngs, (s.d_model, s.n_kv_heads * s.dh), INIT_STD)
         self.w_o = _normal(rngs, (s.n_heads * s.dh, s.d_model), out_std)
 
-    def __call__(self, x_btd: jax.Array) -> jax.Array:
+    def _qkv(self, x_btd: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         b, t, _ = x_btd.shape
         k_heads, dh = self.n_kv_heads, self.head_dim
         group = self.n_heads // k_heads
         q = _mm(x_btd, self.w_q[...], self.dtype).reshape(b, t, k_heads, group, dh)
         k = _mm(x_btd, self.w_k[...], self.dtype).reshape(b, t, k_heads, dh)
         v = _mm(x_btd, self.w_v[...], self.dtype).reshape(b, t, k_heads, dh)
+        return q, k, v
+
+    def _attend(self, q, k_bskd, v_bskd, mask_bts: jax.Array) -> jax.Array:
+        """Softmax attention of queries (B, T, K, G, Dh) over keys/values (B, S, K, Dh) where
+        ``mask_bts`` holds; the output projection included."""
+        b, t = q.shape[:2]
         scores = jnp.einsum(
             "btkgd,bskd->bkgts",
             q.astype(self.dtype),
-            k.astype(self.dtype),
+            k_bskd.astype(self.dtype),
             preferred_element_type=jnp.float32,
-        ) / math.sqrt(dh)
-        causal_ts = jnp.tril(jnp.ones((t, t), dtype=bool))
-        scores = jnp.where(causal_ts, scores, -jnp.inf)
+        ) / math.sqrt(self.head_dim)
+        scores = jnp.where(mask_bts[:, None, None], scores, -jnp.inf)
         probs = jax.nn.softmax(scores, axis=-1)
         out = jnp.einsum(
             "bkgts,bskd->btkgd",
             probs.astype(self.dtype),
-            v.astype(self.dtype),
+            v_bskd.astype(self.dtype),
             preferred_element_type=jnp.float32,
         )
-        return _mm(out.reshape(b, t, self.n_heads * dh), self.w_o[...], self.dtype)
+        return _mm(out.reshape(b, t, self.n_heads * self.head_dim), self.w_o[...], self.dtype)
+
+    def __call__(self, x_btd: jax.Array) -> jax.Array:
+        t = x_btd.shape[1]
+        q, k, v = self._qkv(x_btd)
+        causal_ts = jnp.tril(jnp.ones((t, t), dtype=bool))
+        return self._attend(q, k, v, causal_ts[None])
+
+    def cached(
+        self, x_btd: jax.Array, cache: LayerCache, start_b: jax.Array
+    ) -> tuple[jax.Array, LayerCache]:
+        """Attention of T new tokens at positions ``start_b + t`` (one start per sequence):
+        their K/V are written into ``cache`` there, and each attends to cache positions up to
+        its own. Positions past a sequence's end may hold anything: they are masked until a
+        later call overwrites them."""
+        t = x_btd.shape[1]
+        q, k, v = self._qkv(x_btd)
+        cache = LayerCache(_write(cache.k_bskd, k, start_b), _write(cache.v_bskd, v, start_b))
+        s = cache.k_bskd.shape[1]
+        pos_bt = start_b[:, None] + jnp.arange(t, dtype=start_b.dtype)
+        mask_bts = jnp.arange(s, dtype=start_b.dtype)[None, None, :] <= pos_bt[:, :, None]
+        return self._attend(q, cache.k_bskd, cache.v_bskd, mask_bts), cache
+
+
+class LayerCache(NamedTuple):
+    """One layer's key and value cache, (B, max_len, K, Dh) in the compute dtype."""
+
+    k_bskd: jax.Array
+    v_bskd: jax.Array
+
+
+def _write(cache_bskd: jax.Array, new_btkd: jax.Array, start_b: jax.Array) -> jax.Array:
+    """``cache[b, start_b[b] : start_b[b] + T] = new[b]`` for every b (T + start <= max_len)."""
+
+    def one(cache_skd, new_tkd, start):
+        return jax.lax.dynamic_update_slice(
+            cache_skd, new_tkd.astype(cache_skd.dtype), (start, 0, 0)
+        )
+
+    return jax.vmap(one)(cache_bskd, new_btkd, start_b)
 
 
 class MLP(nnx.Module):
@@ -166,6 +212,13 @@ class Block(nnx.Module):
         x_btd = x_btd + self.attn(self.attn_norm(x_btd))
         return x_btd + self.mlp(self.mlp_norm(x_btd))
 
+    def cached(
+        self, x_btd: jax.Array, cache: LayerCache, start_b: jax.Array
+    ) -> tuple[jax.Array, LayerCache]:
+        a, cache = self.attn.cached(self.attn_norm(x_btd), cache, start_b)
+        x_btd = x_btd + a
+        return x_btd + self.mlp(self.mlp_norm(x_btd)), cache
+
 
 class GPT(nnx.Module):
     """The backbone plus the nested heads ``W[:V]`` for every V <= ``config.max_vocab``."""
@@ -191,6 +244,44 @@ class GPT(nnx.Module):
         for block in self.blocks:
             x_btd = block(x_btd)
         return self.final_norm(x_btd)
+
+    def init_cache(self, batch: int, max_len: int | None = None) -> tuple[LayerCache, ...]:
+        """Zeroed K/V caches, one per layer, of ``max_len`` positions (default ``max_seq``)."""
+        c, s = self.config, self.config.shape
+        max_len = c.max_seq if max_len is None else max_len
+        if not 0 < max_len <= c.max_seq:
+            raise UserError(f"cache {max_len=} must be in 1..max_seq={c.max_seq}")
+        zeros = jnp.zeros((batch, max_len, s.n_kv_heads, s.dh), c.dtype)
+        return tuple(LayerCache(zeros, zeros) for _ in range(s.n_layers))
+
+    def cached(
+        self, ids_bt: jax.Array, caches: tuple[LayerCache, ...], start_b: jax.Array
+    ) -> tuple[jax.Array, tuple[LayerCache, ...]]:
+        """Final normed hidden states (B, T, D) of tokens ``ids_bt`` at positions ``start_b[b]
+        + t``, attending to the cached keys and values before them; returns the updated caches.
+
+        Prefill: ``start_b = 0`` and the (right-padded) prompts; decode: T = 1 and ``start_b``
+        = each sequence's length so far. The caller keeps ``start_b + T <= max_len`` of the
+        caches (<= ``max_seq``). Row b of the result equals ``self(ids)[b]`` at the same
+        positions when the cache holds that row's earlier tokens.
+        """
+        if ids_bt.ndim != 2 or start_b.shape != ids_bt.shape[:1]:
+            raise UserError(
+                f"ids must be (B, T) and start (B,), got {tuple(ids_bt.shape)} and "
+                f"{tuple(start_b.shape)}"
+            )
+        if len(caches) != len(self.blocks):
+            raise UserError(f"{len(caches)} caches for {len(self.blocks)} layers")
+        t = ids_bt.shape[1]
+        pos_bt = start_b[:, None] + jnp.arange(t, dtype=start_b.dtype)
+        x_btd = jnp.take(self.embed[...], ids_bt, axis=0) + jnp.take(
+            self.pos[...], pos_bt, axis=0, mode="clip"
+        )
+        out = []
+        for block, cache in zip(self.blocks, caches, strict=True):
+            x_btd, cache = block.cached(x_btd, cache, start_b)
+            out.append(cache)
+        return self.final_norm(x_btd), tuple(out)
 
     def head(self, vocab: int) -> jax.Array:
         """W_vd of the head of size ``vocab``: the first ``vocab`` rows of the one matrix."""

@@ -9,7 +9,12 @@ bits per byte and training tokens/s into a training profile (``training.json``).
     run.py         the run: fresh or resumed, progress, checkpoints, training.json
 """
 
-from vocabjax.train.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from vocabjax.train.checkpoint import (
+    Checkpoint,
+    load_checkpoint,
+    restore_params,
+    save_checkpoint,
+)
 from vocabjax.train.config import RUN_FILE, TOKENIZER_DIR, CorpusSpec, RunConfig, read_run
 from vocabjax.train.data import (
     IGNORE,
@@ -55,6 +60,7 @@ __all__ = [
     "make_train_step",
     "optimizer",
     "read_run",
+    "restore_params",
     "resume_config",
     "save_checkpoint",
     "throughput",

@@ -5,6 +5,7 @@ so a run killed midway leaves the previous checkpoint whole."""
 from __future__ import annotations
 
 import dataclasses
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -61,18 +62,20 @@ def load_checkpoint(run_dir: str | Path) -> Checkpoint | None:
         return None
     meta = load_json(path / META, META_KIND)
     try:
-        with np.load(path / STATE) as z:
+        # Our own file handle: np.load leaks its own when the zip directory is unreadable.
+        with open(path / STATE, "rb") as f, np.load(f) as z:
             arrays = {k: z[k] for k in z.files}
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:  # truncated, overwritten
         raise UserError(f"{path / STATE} is not a readable checkpoint ({exc})") from None
     params = {k.removeprefix("param:"): v for k, v in arrays.items() if k.startswith("param:")}
     opt = [arrays[k] for k in sorted(k for k in arrays if k.startswith("opt:"))]
     return Checkpoint(step=int(meta["step"]), params=params, opt_leaves=opt, meta=meta)
 
 
-def restore(checkpoint: Checkpoint, params_like: dict, opt_like, *, where: str):
-    """(params, opt_state) from a checkpoint, shaped like a fresh model's; a checkpoint that
-    does not fit this run's model is one UserError."""
+def restore_params(checkpoint: Checkpoint, params_like: dict, *, where: str) -> dict:
+    """The parameters of a checkpoint as jax arrays, checked against ``params_like`` (arrays or
+    ``jax.ShapeDtypeStruct``s by name, e.g. of ``nnx.eval_shape``); a checkpoint that does not
+    fit the model is one UserError. For serving, which needs no optimizer state."""
     if set(checkpoint.params) != set(params_like):
         raise UserError(f"{where}: the checkpoint's parameters do not match run.json's model")
     for k, like in params_like.items():
@@ -81,12 +84,18 @@ def restore(checkpoint: Checkpoint, params_like: dict, opt_like, *, where: str):
                 f"{where}: parameter {k} has shape {checkpoint.params[k].shape}, the model "
                 f"{tuple(like.shape)}"
             )
+    return {k: jax.numpy.asarray(checkpoint.params[k]) for k in params_like}
+
+
+def restore(checkpoint: Checkpoint, params_like: dict, opt_like, *, where: str):
+    """(params, opt_state) from a checkpoint, shaped like a fresh model's; a checkpoint that
+    does not fit this run's model is one UserError."""
+    params = restore_params(checkpoint, params_like, where=where)
     leaves, treedef = jax.tree.flatten(opt_like)
     if len(leaves) != len(checkpoint.opt_leaves) or any(
         np.shape(a) != np.shape(b) for a, b in zip(leaves, checkpoint.opt_leaves, strict=True)
     ):
         raise UserError(f"{where}: the checkpoint's optimizer state does not match this run")
-    params = {k: jax.numpy.asarray(checkpoint.params[k]) for k in params_like}
     opt_state = jax.tree.unflatten(
         treedef,
         [

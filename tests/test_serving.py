@@ -1,0 +1,266 @@
+"""The serving engine: the KV-cache path against the full forward (hidden states and greedy
+tokens, batched prompts of different lengths, two heads), reproducible sampling, head choice
+by --head and by a policy's batch routes, and each bad run or prompt as one UserError."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from vocab_testing import MAX_BYTES, nested
+
+from vocabjax.errors import UserError
+from vocabjax.models import GPT, GPTConfig
+from vocabjax.serving import (
+    Engine,
+    LoadedRun,
+    Sampling,
+    bucket_length,
+    choose_head,
+    load_policy,
+    load_run,
+)
+from vocabjax.shapes import ModelShape
+from vocabjax.train import CorpusSpec, Functional, RunConfig, train
+
+MICRO = ModelShape("micro", d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, glu=True)
+HEADS = (300, 500)
+SEQ_LEN = 40
+PROMPTS = ["def main(argv):\n    return", "import os"]  # different lengths: one batch
+
+
+def make_run(out: Path) -> Path:
+    """A tiny trained run (a few seconds): its own copy of the test tokenizer, 6 steps."""
+    from vocabjax.vocab import save_nested
+
+    save_nested(nested(), out / "tok", corpus="test")
+    config = RunConfig(
+        shape=MICRO,
+        heads=HEADS,
+        tokenizer=str(out / "tok"),
+        corpus=CorpusSpec("builtin", max_bytes=MAX_BYTES),
+        steps=6,
+        seq_len=SEQ_LEN,
+        batch=2,
+        warmup=2,
+        eval_tokens=256,
+        checkpoint_every=0,
+        impl="chunked",
+    )
+    train(config, out / "run", measure=False)
+    return out / "run"
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    return make_run(tmp_path_factory.mktemp("serving"))
+
+
+@pytest.fixture(scope="module")
+def run(run_dir) -> LoadedRun:
+    return load_run(run_dir)
+
+
+@pytest.fixture(scope="module")
+def scrambled(run) -> LoadedRun:
+    """The run with larger random weights: a 6-step model predicts mostly spaces, which would
+    make greedy agreement a weak check; these give varied tokens with clear margins."""
+    keys = jax.random.split(jax.random.key(7), len(run.params))
+    params = {
+        name: v if v.ndim == 1 else 0.2 * jax.random.normal(k, v.shape, v.dtype)
+        for k, (name, v) in zip(keys, sorted(run.params.items()), strict=True)
+    }
+    return dataclasses.replace(run, params=params, model=run.fn.model(params))
+
+
+# ---- the cache path of the model ----------------------------------------------------------------
+
+
+def test_cached_forward_equals_the_full_forward():
+    """Prefill right-padded prompts of lengths 5 and 9, then decode 6 tokens each at its own
+    position: every hidden state equals the full forward's (causal, so one forward of the
+    whole sequences gives every prefix's states)."""
+    config = GPTConfig(MICRO, max_vocab=97, max_seq=24)
+    fn, params = Functional.of(GPT(config, rngs=nnx.Rngs(3)))
+    full = jax.jit(lambda p, ids: fn.model(p)(ids))
+    cached = jax.jit(lambda p, ids, caches, start: fn.model(p).cached(ids, caches, start))
+    seqs = np.asarray(jax.random.randint(jax.random.key(1), (2, 16), 0, 97, dtype=jnp.int32))
+    want = np.asarray(full(params, jnp.asarray(seqs)))
+    lengths = np.asarray([5, 9], dtype=np.int32)
+    padded = np.where(np.arange(16)[None, :] < lengths[:, None], seqs, 7)
+    caches = fn.model(params).init_cache(2)
+    h, caches = cached(params, jnp.asarray(padded), caches, jnp.zeros(2, jnp.int32))
+    for b, n in enumerate(lengths):
+        np.testing.assert_allclose(np.asarray(h[b, :n]), want[b, :n], atol=2e-5, rtol=2e-4)
+    pos = lengths.copy()
+    for _ in range(6):
+        feed = seqs[np.arange(2), pos]
+        h1, caches = cached(params, jnp.asarray(feed[:, None]), caches, jnp.asarray(pos))
+        np.testing.assert_allclose(
+            np.asarray(h1[:, 0]), want[np.arange(2), pos], atol=2e-5, rtol=2e-4
+        )
+        pos += 1
+    assert caches[0].k_bskd.shape == (2, 24, MICRO.n_kv_heads, MICRO.dh)
+
+
+def test_cache_arguments_are_checked():
+    model = GPT(GPTConfig(MICRO, max_vocab=97, max_seq=8), rngs=nnx.Rngs(0))
+    with pytest.raises(UserError, match="must be in 1..max_seq=8"):
+        model.init_cache(1, 9)
+    with pytest.raises(UserError, match="start"):
+        model.cached(jnp.zeros((2, 3), jnp.int32), model.init_cache(2), jnp.zeros(3, jnp.int32))
+
+
+# ---- the engine ---------------------------------------------------------------------------------
+
+
+def reference_greedy(run: LoadedRun, prompt: str, head: int, n: int) -> list[int]:
+    """Greedy decoding by recomputing the full (training) forward on the growing sequence, no
+    cache; the sequence is right-padded to max_seq so one compiled forward serves every step
+    (causal: padding after the last token cannot change it). Checks that no step is a near
+    tie, so agreement is not luck."""
+
+    @jax.jit
+    def last_logits(params, ids_t, n_t):
+        model = run.fn.model(params)
+        h_td = model(ids_t[None])[0]
+        return model.logits(h_td[n_t - 1][None, None], head)[0, 0]
+
+    ids = list(Engine(run).encode([prompt], head)[0])
+    sep = run.level(head).separator
+    out = []
+    for _ in range(n):
+        if len(ids) > run.max_seq:
+            break
+        padded = np.zeros(run.max_seq, np.int32)
+        padded[: len(ids)] = ids
+        logits = np.asarray(last_logits(run.params, jnp.asarray(padded), len(ids)))
+        top2 = np.sort(logits)[-2:]
+        assert top2[1] - top2[0] > 1e-4, "a near tie: the comparison would be fragile"
+        token = int(np.argmax(logits))
+        if token == sep:
+            break
+        out.append(token)
+        ids.append(token)
+    return out
+
+
+@pytest.mark.parametrize("head", HEADS)
+def test_greedy_tokens_equal_recomputing_the_full_forward(scrambled, head):
+    engine = Engine(scrambled)
+    out = engine.generate(PROMPTS, head=head, max_new_tokens=8)
+    for prompt, c in zip(PROMPTS, out.completions, strict=True):
+        want = reference_greedy(scrambled, prompt, head, 8)
+        assert list(c.tokens) == want
+        assert len(set(want)) > 2  # varied tokens: the check has teeth
+        assert c.text == scrambled.level(head).tokenizer.decode(want, skip_special_tokens=False)
+    alone = engine.generate(PROMPTS[1:], head=head, max_new_tokens=8)  # B = 1 gives the same
+    assert alone.completions[0].tokens == out.completions[1].tokens
+    assert out.bucket == 32 and out.batch == 2 and out.head == head
+
+
+def test_the_trained_run_agrees_with_its_full_forward_too(run):
+    out = Engine(run).generate(PROMPTS[:1], head=HEADS[0], max_new_tokens=5)
+    assert list(out.completions[0].tokens) == reference_greedy(run, PROMPTS[0], HEADS[0], 5)
+
+
+def test_generation_stops_at_max_seq(scrambled):
+    prompt = "def f(x):\n    return x\n" * 2  # about half of the 40 positions
+    n_prompt = len(Engine(scrambled).encode([prompt], 500)[0])
+    out = Engine(scrambled).generate([prompt], head=500, max_new_tokens=64).completions[0]
+    assert out.stop == "max_seq" and n_prompt + len(out.tokens) == SEQ_LEN + 1
+
+
+def test_sampling_is_reproducible_by_seed(scrambled):
+    engine = Engine(scrambled)
+
+    def draw(seed, top_k=None):
+        s = Sampling(temperature=1.0, top_k=top_k, seed=seed)
+        out = engine.generate(PROMPTS, head=500, max_new_tokens=12, sampling=s)
+        return [c.tokens for c in out.completions]
+
+    assert draw(1) == draw(1)
+    assert draw(1) != draw(2)
+    greedy = engine.generate(PROMPTS, head=500, max_new_tokens=12)
+    assert draw(5, top_k=1) == [c.tokens for c in greedy.completions]
+
+
+def test_prompts_pad_to_a_power_of_two_bucket():
+    assert [bucket_length(n, 40) for n in (1, 16, 17, 33, 40)] == [16, 16, 32, 40, 40]
+    assert bucket_length(3, 8) == 8
+
+
+def test_sampling_arguments_are_checked():
+    with pytest.raises(UserError, match="must be a finite number >= 0"):
+        Sampling(temperature=-1.0)
+    with pytest.raises(UserError, match="give a temperature > 0"):
+        Sampling(top_k=3)
+
+
+# ---- loading and errors -------------------------------------------------------------------------
+
+
+def test_load_run_rebuilds_the_checkpointed_model(run, run_dir):
+    from vocabjax.train import load_checkpoint
+
+    assert run.heads == HEADS and run.step == 6 and run.max_seq == SEQ_LEN
+    assert [lv.vocab for lv in run.levels] == list(HEADS)
+    saved = load_checkpoint(run_dir).params
+    assert set(saved) == set(run.params)
+    for name, value in saved.items():
+        np.testing.assert_array_equal(np.asarray(run.params[name]), value)
+
+
+def test_bad_runs_are_one_user_error(tmp_path, run_dir):
+    with pytest.raises(UserError, match="run directory '.*missing' does not exist"):
+        load_run(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="holds no run.json"):
+        load_run(tmp_path / "empty")
+    import shutil
+
+    copy = tmp_path / "corrupt"
+    shutil.copytree(run_dir, copy)
+    state = copy / "checkpoint" / "state.npz"
+    state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
+    with pytest.raises(UserError, match="state.npz is not a readable checkpoint"):
+        load_run(copy)
+
+
+def test_bad_prompts_are_user_errors(run):
+    engine = Engine(run)
+    with pytest.raises(UserError, match="prompt 2 is empty"):
+        engine.generate(["a", ""], head=300)
+    with pytest.raises(UserError, match=f"above the run's max_seq={SEQ_LEN}"):
+        engine.generate(["word " * 100], head=300)
+    with pytest.raises(UserError, match=r"head 400 is not one of the run's heads \(300, 500\)"):
+        engine.generate(["a"], head=400)
+
+
+# ---- head choice --------------------------------------------------------------------------------
+
+
+def test_head_choice_by_option_and_by_policy(tmp_path):
+    assert choose_head(HEADS, "auto", batch=1).vocab == 500
+    assert choose_head(HEADS, 300, batch=64).vocab == 300
+    with pytest.raises(UserError, match=r"--head 1024 is not one of the run's heads"):
+        choose_head(HEADS, 1024, batch=1)
+    routes = [(1, 256), (16, 300), (None, 4096)]
+    picks = {b: choose_head(HEADS, "auto", batch=b, routes=routes) for b in (1, 2, 16, 17)}
+    assert {b: c.vocab for b, c in picks.items()} == {1: 300, 2: 300, 16: 300, 17: 500}
+    assert "routes B=1 (B <= 1) to 256: serving 300, the run's nearest head" in picks[1].reason
+    assert "nearest" not in picks[2].reason
+    assert "routes B=17 (B > 16) to 4096: serving 500" in picks[17].reason
+    assert choose_head((256, 1024), "auto", batch=1, routes=[(None, 512)]).vocab == 1024  # tie
+    path = tmp_path / "policy.json"
+    path.write_text('{"schema": 1, "kind": "policy", "batch_routes": [{"max_batch": 4, '
+                    '"head": 300}, {"max_batch": null, "head": 500}]}')  # fmt: skip
+    assert load_policy(path) == [(4, 300), (None, 500)]
+    path.write_text('{"schema": 1, "kind": "policy", "batch_routes": [{"head": "x"}]}')
+    with pytest.raises(UserError, match="a batch route must be"):
+        load_policy(path)
