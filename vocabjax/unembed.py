@@ -572,15 +572,13 @@ def _decode(
         return _xla_decode(h_bd, w_vd, seeds, inv_temperature)
     if impl == "chunked":
         cb = _chunk_blocks(blocks, h_bd, w_vd)
-        stats = _chunked_decode(
-            _pad_rows(h_bd, cb.min_rows),
-            w_vd,
-            seeds,
-            inv_temperature,
-            block_v=cb.block_v,
-            want_lse=want_lse,
+        return _on_padded_rows(
+            lambda h: _chunked_decode(
+                h, w_vd, seeds, inv_temperature, block_v=cb.block_v, want_lse=want_lse
+            ),
+            h_bd,
+            cb.min_rows,
         )
-        return jax.tree_util.tree_map(lambda x: x[: h_bd.shape[0]], stats)
     vocab, d_model = w_vd.shape
     kernel, kblocks = _pallas_decode_blocks(
         h_bd.shape[0], vocab, d_model, dtype_name(w_vd.dtype), blocks
@@ -594,6 +592,13 @@ def _decode(
         interpret=_interpret(interpret),
     )
     return _Stats(out.max_b, out.argmax_b, out.lse_b, out.sample_b)
+
+
+def _on_padded_rows(fn: Callable[[jax.Array], Any], h_bd: jax.Array, rows: int) -> Any:
+    """``fn`` of ``h_bd`` padded with zero rows up to ``rows``, every output cut back to
+    ``h_bd``'s rows (``ChunkBlocks.min_rows``)."""
+    out = fn(_pad_rows(h_bd, rows))
+    return jax.tree_util.tree_map(lambda x: x[: h_bd.shape[0]], out)
 
 
 def _pad_rows(x: jax.Array, rows: int, value: Any = 0) -> jax.Array:
@@ -728,8 +733,7 @@ def _top_k(h_bd, w_vd, k, *, impl, blocks, interpret):
         return vals, ids.astype(jnp.int32)
     if impl == "chunked":
         cb = _chunk_blocks(blocks, h_bd, w_vd)
-        vals, ids = _chunked_top_k(_pad_rows(h_bd, cb.min_rows), w_vd, k, cb.block_v)
-        return vals[: h_bd.shape[0]], ids[: h_bd.shape[0]]
+        return _on_padded_rows(lambda h: _chunked_top_k(h, w_vd, k, cb.block_v), h_bd, cb.min_rows)
     mod = _pallas_module("fused_topk")
     kblocks = blocks
     if isinstance(blocks, Mapping):
