@@ -14,14 +14,14 @@ from vocab_testing import heldout_texts, mixed_text, nested
 from vocabjax.errors import UserError
 from vocabjax.vocab import load_tokenizer, load_tokenizers
 from vocabjax.vocab.bpe import from_json
-from vocabjax.vocab.load import _bytes_to_unicode, guess_pattern
+from vocabjax.vocab.load import bytes_to_unicode, guess_pattern
 
 LEVEL = 1000
 
 
 def _rank_file(path, data):
     """A tiktoken-style rank file holding the tokens of an HF byte-level BPE (rank = id - 1)."""
-    decode = {ch: b for b, ch in enumerate(_bytes_to_unicode())}
+    decode = {ch: b for b, ch in enumerate(bytes_to_unicode())}
     lines = []
     for token, i in sorted(data["model"]["vocab"].items(), key=lambda kv: kv[1]):
         if token == "<|endoftext|>":

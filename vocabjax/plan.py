@@ -62,6 +62,9 @@ _KEYS = {
 }
 
 
+POLICY_KIND = "policy"  # the kind of the policy JSON plan writes and serving reads
+
+
 def parse_workload(text: str) -> tuple[TrafficClass, ...]:
     """``"edge:b=1:share=0.5,dc:b=256:share=0.5"`` (optional ``in=`` / ``out=`` bytes)."""
     classes = []
@@ -308,7 +311,7 @@ def policy_json(plan: Plan, model: CostModel, *, max_heads: int) -> dict[str, An
     merged[-1]["max_batch"] = None  # the last head takes every larger batch too
     return {
         "schema": SCHEMA,
-        "kind": "policy",
+        "kind": POLICY_KIND,
         "device": model.device.name,
         "model": model.shape.name,
         "compression": model.compression.name,

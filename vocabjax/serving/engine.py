@@ -41,6 +41,7 @@ from flax import nnx
 from vocabjax import unembed
 from vocabjax.errors import UserError
 from vocabjax.models import GPT
+from vocabjax.plan import POLICY_KIND
 from vocabjax.profiles import load_json
 from vocabjax.train import (
     RUN_FILE,
@@ -55,7 +56,6 @@ from vocabjax.train import (
 
 MIN_BUCKET = 16  # the shortest padded prompt
 Stop = Literal["eos", "max_new_tokens", "max_seq"]
-POLICY_KIND = "policy"
 
 
 # ---- a trained run ----------------------------------------------------------------------------
@@ -259,7 +259,7 @@ class Engine:
 
     def __init__(self, run: LoadedRun) -> None:
         self.run = run
-        self._compiled: dict[tuple, tuple[Any, Any, float]] = {}
+        self._compiled: dict[tuple, tuple[Any, Any]] = {}
 
     def encode(self, prompts: Sequence[str], head: int) -> list[np.ndarray]:
         """Each prompt's ids at ``head``'s level, after the separator; checked against max_seq."""
@@ -283,9 +283,10 @@ class Engine:
         return out
 
     def _functions(self, head: int, batch: int, bucket: int, sampling: Sampling, example):
+        """(prefill, decode, seconds spent compiling them now: 0 when they were kept)."""
         key = (head, batch, bucket, sampling.temperature, sampling.top_k)
         if key in self._compiled:
-            return self._compiled[key]
+            return (*self._compiled[key], 0.0)
         fn, max_seq = self.run.fn, self.run.max_seq
 
         def pick(model: GPT, h_bd: jax.Array, rng: jax.Array) -> jax.Array:
@@ -322,8 +323,8 @@ class Engine:
         # for a 16-token prefill on a 2-core CPU against under 1 ms after) that are not decoding.
         caches, token_b = prefill_c(params, ids_bt, lengths_b, rng)
         jax.block_until_ready(decode_c(params, caches, token_b, lengths_b, rng, jnp.int32(1)))
-        self._compiled[key] = (prefill_c, decode_c, time.perf_counter() - started)
-        return self._compiled[key]
+        self._compiled[key] = (prefill_c, decode_c)
+        return prefill_c, decode_c, time.perf_counter() - started
 
     def generate(
         self,
@@ -350,9 +351,7 @@ class Engine:
         rng = jax.random.key(sampling.seed)
         params = self.run.params
         args = (params, jnp.asarray(ids), jnp.asarray(lengths), rng)
-        compile_before = (head, b, bucket, sampling.temperature, sampling.top_k) in self._compiled
         prefill_c, decode_c, compile_s = self._functions(head, b, bucket, sampling, args)
-        compile_s = 0.0 if compile_before else compile_s
 
         started = time.perf_counter()
         caches, token_b = prefill_c(*args)

@@ -21,7 +21,7 @@ from vocabjax.corpus import Corpus, batches
 from vocabjax.errors import UserError
 from vocabjax.vocab import MANIFEST, NestedBPE, cut_level, load_tokenizers, minimum_vocab
 from vocabjax.vocab.bpe import from_json
-from vocabjax.vocab.load import _bytes_to_unicode, read_manifest
+from vocabjax.vocab.load import bytes_to_unicode, read_manifest
 
 IGNORE = -100  # label of a padded position: no loss, no bytes
 
@@ -47,7 +47,7 @@ class HeadTokenizer:
 def token_bytes(data: Mapping[str, Any], *, where: str) -> np.ndarray:
     """Bytes per token id of a byte-level BPE's tokenizer.json dict: each character of a token
     is one byte in GPT-2's byte <-> unicode table; special tokens count 0 (they are not text)."""
-    to_byte = {ch: b for b, ch in enumerate(_bytes_to_unicode())}
+    to_byte = {ch: b for b, ch in enumerate(bytes_to_unicode())}
     vocab = data["model"]["vocab"]
     added = {t["content"]: t for t in data.get("added_tokens", [])}
     out = np.zeros(len(vocab), dtype=np.int64)

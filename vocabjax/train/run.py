@@ -105,14 +105,19 @@ def device_label() -> str:
 _OPTION = {"shape": "--model", "corpus.spec": "--corpus", "heads": "--heads"}
 
 
+def _stored_run(run_dir: Path) -> RunConfig:
+    """The configuration of the run ``--resume`` continues."""
+    if not (run_dir / RUN_FILE).is_file():
+        raise UserError(f"--resume: {run_dir} holds no {RUN_FILE} (no run to continue)")
+    return read_run(run_dir)
+
+
 def resume_config(run_dir: str | Path, given: Mapping[str, Any]) -> RunConfig:
     """run.json's configuration with the options given on the command line applied: those in
     ``RunConfig.MUTABLE`` replace the stored values, any other must equal it. Keys are field
     names, corpus fields as ``corpus.spec``, ``corpus.max_bytes``, ..."""
     run_dir = Path(run_dir)
-    if not (run_dir / RUN_FILE).is_file():
-        raise UserError(f"--resume: {run_dir} holds no {RUN_FILE} (no run to continue)")
-    stored = read_run(run_dir)
+    stored = _stored_run(run_dir)
     changes: dict[str, Any] = {}
     for key, value in given.items():
         if key.startswith("corpus."):
@@ -194,9 +199,7 @@ def train(
 
 
 def _check_resume(config: RunConfig, run_dir: Path, log: Progress) -> None:
-    if not (run_dir / RUN_FILE).is_file():
-        raise UserError(f"--resume: {run_dir} holds no {RUN_FILE} (no run to continue)")
-    stored = read_run(run_dir)
+    stored = _stored_run(run_dir)
     diffs = stored.differences(config)
     if diffs:
         raise UserError(f"--resume: the configuration differs from {run_dir}: {diffs[0]}")

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx
 
+from vocabjax.autotune import Settings, time_call
 from vocabjax.models import GPT, head_loss
 from vocabjax.train.config import RunConfig
 
@@ -145,11 +144,7 @@ def _is_float(x) -> bool:
 
 
 def time_step(step, args: tuple, *, repeats: int) -> float:
-    """Median wall seconds of ``step(*args)`` after one compiling call; inputs stay fixed."""
-    jax.block_until_ready(step(*args))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(step(*args))
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+    """Median wall seconds of ``step(*args)`` after one compiling call; inputs stay fixed
+    (``autotune.time_call``, every repeat kept however slow the step is)."""
+    settings = Settings(warmup=1, repeats=repeats, min_repeats=repeats, slow_call_s=math.inf)
+    return time_call(step, [args], settings)

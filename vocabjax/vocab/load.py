@@ -181,7 +181,7 @@ def tiktoken_to_hf(ranks: Mapping[bytes, int], *, pattern: Pattern, where: str) 
     missing = [b for b in range(256) if bytes([b]) not in ranks]
     if missing:
         raise UserError(f"{where}: {len(missing)} of the 256 single-byte tokens are missing")
-    alphabet = _bytes_to_unicode()
+    alphabet = bytes_to_unicode()
     vocab = {"".join(alphabet[b] for b in token): rank for token, rank in ranks.items()}
     merges = []
     for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
@@ -205,7 +205,7 @@ def tiktoken_to_hf(ranks: Mapping[bytes, int], *, pattern: Pattern, where: str) 
     return from_json(to_json(tokenizer), where=where)
 
 
-def _bytes_to_unicode() -> list[str]:
+def bytes_to_unicode() -> list[str]:
     """GPT-2's byte -> printable character table, the one ByteLevel uses (checked)."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
     printable += range(ord("®"), ord("ÿ") + 1)
