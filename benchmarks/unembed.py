@@ -4,6 +4,7 @@ each one's fraction of its roofline floor, and ``impl="auto"`` against ``xla``.
     python benchmarks/unembed.py                      # V in {32k, 131k}, B in {1, 4, 16, 64, 256}
     python benchmarks/unembed.py --dtype bf16 --format markdown
     python benchmarks/unembed.py --ce-extra ""        # no extra cross-entropy token counts
+    python benchmarks/unembed.py --profile none --ops greedy,top_k,sample   # auto, no profile
 
 Steps: measure the ceilings (large copy, large matmul, tiny op); time every candidate of
 ``greedy`` and of ``linear_cross_entropy`` (forward + backward, B read as the token count N) on
@@ -11,6 +12,8 @@ the grid, checked against the reference first and timed round-robin (this is ``a
 the grid); build the measured profile; then time ``impl="auto"`` under that profile
 round-robin with ``xla`` twice (xla, auto, xla in every round, 15 rounds), so the ratio is
 side by side: auto's median over the mean of the two xla medians, whose gap shows the noise.
+``--profile none`` skips the candidates and times what a user gets before running autotune:
+auto under the roofline rule alone, against xla.
 Where auto lowers to the same program as xla (the StableHLO text compared), that goal is met by
 construction and the ratio printed is the noise alone.
 
@@ -59,6 +62,13 @@ def main(argv=None) -> int:
     p.add_argument("--ce-extra", default="2048", help="more CE token counts (default 2048)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--include-interpret", action="store_true")
+    p.add_argument(
+        "--profile",
+        choices=["measured", "none"],
+        default="measured",
+        help="auto under the profile this run measures (default), or with no profile at all "
+        "(the roofline rule a user gets before running autotune; no candidates are timed)",
+    )
     p.add_argument("--format", choices=["table", "markdown"], default="table")
     args = p.parse_args(argv)
     vocabs = parse_size_list(args.vocab, what="vocab")
@@ -89,24 +99,32 @@ def main(argv=None) -> int:
     read_fn, read_bytes = read_probe(settings.copy_bytes)
     read_bw = read_bytes / at.time_call(read_fn, [()], settings, fastest=True)
     say(f"read-only stream: {read_bw / 1e9:.1f} GB/s")
-    runs = [
-        at.autotune(
-            vocabs,
-            op_batches[op],
-            args.d_model,
-            args.dtype,
-            ops=[op],
-            settings=settings,
-            progress=say,
-            include_interpret=args.include_interpret,
-            ceilings=ceilings,
+    runs = (
+        []
+        if args.profile == "none"
+        else [
+            at.autotune(
+                vocabs,
+                op_batches[op],
+                args.d_model,
+                args.dtype,
+                ops=[op],
+                settings=settings,
+                progress=say,
+                include_interpret=args.include_interpret,
+                ceilings=ceilings,
+            )
+            for op in ops
+        ]
+    )
+    profile = (
+        dataclasses.replace(
+            runs[0].profile,
+            kernels=tuple(r for run in runs for r in run.profile.kernels),
+            best=tuple(r for run in runs for r in run.profile.best),
         )
-        for op in ops
-    ]
-    profile = dataclasses.replace(
-        runs[0].profile,
-        kernels=tuple(r for run in runs for r in run.profile.kernels),
-        best=tuple(r for run in runs for r in run.profile.best),
+        if runs
+        else None
     )
     rows, goals = [], []
     with unembed.using_device_profile(profile):
@@ -114,7 +132,9 @@ def main(argv=None) -> int:
             for vocab in vocabs:
                 for batch in op_batches[op]:
                     point = [
-                        r for r in profile.kernels if (r.op, r.vocab, r.batch) == (op, vocab, batch)
+                        r
+                        for r in (profile.kernels if profile else ())
+                        if (r.op, r.vocab, r.batch) == (op, vocab, batch)
                     ]
                     # auto and xla again, one right after the other, on the same inputs
                     sets = at._inputs(vocab, batch, args.d_model, args.dtype, 2, seed=vocab + batch)
@@ -227,7 +247,10 @@ def main(argv=None) -> int:
     )
     print(f"# command: python benchmarks/unembed.py {' '.join(argv or sys.argv[1:])}")
     read_row = {"ceiling": "read_only_stream", "value": read_bw, "unit": "bytes/s"}
-    print(render.rows([*runs[0].ceiling_rows(), read_row], fmt))
+    print(
+        f"# auto: {'the profile measured above' if profile else 'no profile (the selector fallback rule)'}"
+    )
+    print(render.rows([*ceilings.rows(), read_row], fmt))
     print()
     print(render.rows(rows, fmt))
     print()

@@ -588,13 +588,33 @@ def test_selector_reads_the_nearest_best_row_then_the_roofline():
     assert ce.impl == "chunked"
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+def test_without_a_measured_row_a_cpu_runs_xla_but_where_measured_otherwise(dtype):
+    pick = functools.partial(unembed.select, d_model=768, dtype=dtype, backend="cpu")
+    with unembed.using_device_profile(None):
+        for op in ("greedy", "logsumexp", "top_k", "sample"):
+            for batch in (2, 4, 16, 64, 256):
+                assert pick(op, 32768, batch).impl == "xla", (op, batch)
+            one = pick(op, 50257, 1)
+            if dtype == "bf16":  # one whole tile of W, h padded to two rows: no loop
+                assert (one.impl, one.blocks) == ("chunked", {"block_v": 65536, "min_rows": 2})
+            else:
+                assert one.impl == "xla"
+        # Cross-entropy: xla while the N x V f32 logits fit in W's bytes, fused beyond.
+        w_rows = 768 * (2 if dtype == "bf16" else 4) // 4  # N at which 4 N V = V D w
+        assert pick("linear_cross_entropy", 32768, w_rows).impl == "xla"
+        assert pick("linear_cross_entropy", 32768, w_rows + 1).impl == "chunked"
+        # A GPU without a profile keeps the roofline rule: memory-bound decode runs fused.
+        assert unembed.select("greedy", 32768, 1, 768, dtype, backend="gpu").impl == "pallas"
+
+
 def test_an_xla_cross_entropy_row_is_not_stretched_to_larger_logits():
     prof = _profile([_row(32768, 256, "xla", op="linear_cross_entropy")])
     ce = functools.partial(unembed.select, "linear_cross_entropy", profile=prof, backend="cpu")
     assert ce(32768, 256, 768, "bf16").impl == "xla"
     assert ce(8192, 64, 768, "bf16").impl == "xla"  # smaller logits than measured
     big = ce(32768, 8192, 768, "bf16")  # 32x the measured N x V: the fused path
-    assert big.impl == "chunked" and big.reason.startswith("roofline")
+    assert big.impl == "chunked" and big.reason.startswith("cpu rule")
     # Greedy's logits are B x V too, but greedy has no N of training tokens behind it.
     greedy = _profile([_row(32768, 256, "xla")])
     assert unembed.select("greedy", 32768, 8192, 768, "bf16", profile=greedy).impl == "xla"

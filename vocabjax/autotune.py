@@ -114,6 +114,21 @@ class Ceilings:
         t_mem = bytes_ / self.hbm_bandwidth
         return max(t_math, t_mem)
 
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per ceiling (name, value, unit), for the printed tables."""
+        rows = [{"ceiling": "hbm_bandwidth", "value": self.hbm_bandwidth, "unit": "bytes/s"}]
+        for dtype, value in self.peak_flops.items():
+            rows.append({"ceiling": f"peak_flops[{dtype}]", "value": value, "unit": "FLOP/s"})
+            rows.append(
+                {
+                    "ceiling": f"ridge_point[{dtype}]",
+                    "value": self.ridge_point(dtype),
+                    "unit": "FLOP/byte",
+                }
+            )
+        rows.append({"ceiling": "launch_overhead", "value": self.launch_overhead_s, "unit": "s"})
+        return rows
+
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
@@ -186,19 +201,7 @@ class Run:
         return out
 
     def ceiling_rows(self) -> list[dict[str, Any]]:
-        c = self.ceilings
-        rows = [{"ceiling": "hbm_bandwidth", "value": c.hbm_bandwidth, "unit": "bytes/s"}]
-        for dtype, value in c.peak_flops.items():
-            rows.append({"ceiling": f"peak_flops[{dtype}]", "value": value, "unit": "FLOP/s"})
-            rows.append(
-                {
-                    "ceiling": f"ridge_point[{dtype}]",
-                    "value": c.ridge_point(dtype),
-                    "unit": "FLOP/byte",
-                }
-            )
-        rows.append({"ceiling": "launch_overhead", "value": c.launch_overhead_s, "unit": "s"})
-        return rows
+        return self.ceilings.rows()
 
 
 def _point(r: KernelTiming) -> tuple:

@@ -19,7 +19,8 @@ Each takes ``impl="auto"|"xla"|"chunked"|"pallas"``:
   ``jax.default_backend() == 'cpu'``"; pass ``interpret=True/False`` to force it.
 - ``auto``: :func:`select`, at trace time from static shapes, so it costs nothing per call: the
   device profile's ``best`` table (nearest measured shape) when one is set, else the roofline
-  rule against the ridge point.
+  rule against the ridge point on a GPU or TPU, and on a CPU xla except where that backend was
+  measured to need otherwise (``_cpu_rule``).
 
 Numerics: the matmul runs in the weights' dtype (``h`` is cast to ``w.dtype``) with float32
 accumulation; f32 weights use ``Precision.HIGHEST`` (no TF32). Values come back in float32.
@@ -250,10 +251,10 @@ def select(
 
     With a device profile holding ``best`` rows for ``op`` and ``dtype``: the row nearest in
     (log V, log B, log D), except an xla cross-entropy row for a larger N x V than its own.
-    Otherwise the roofline rule: a memory-bound shape (arithmetic
-    intensity below the ridge point) runs fused (``pallas`` on a GPU or TPU, ``chunked`` on a
-    CPU, where Pallas only interprets); a compute-bound one runs ``xla``'s matmul, except
+    Otherwise, on a GPU or TPU, the roofline rule: a memory-bound shape (arithmetic intensity
+    below the ridge point) runs ``pallas``; a compute-bound one runs ``xla``'s matmul, except
     ``linear_cross_entropy``, which always runs fused so that the N x V logits are never stored.
+    On a CPU (where Pallas only interprets), the measured CPU rule of :func:`_cpu_rule`.
     """
     if op not in OPS:
         raise UserError(f"unknown op {op!r} (choose from {', '.join(OPS)})")
@@ -274,14 +275,45 @@ def select(
             blocks,
             f"best table of {profile.name}: nearest V={row.vocab}, B={row.batch}, D={row.d_model}",
         )
+    if backend == "cpu":
+        return _cpu_rule(op, vocab, batch, d_model, dtype)
     ridge_profile = profile if profile is not None else load_device(_FALLBACK_DEVICE)
     ridge = ridge_profile.ridge_point(dtype)
     intensity = arithmetic_intensity(vocab, batch, d_model, dtype)
-    fused = "chunked" if backend == "cpu" else "pallas"
     why = f"roofline: intensity {intensity:.1f} vs ridge {ridge:.1f} of {ridge_profile.name}"
     if op == "linear_cross_entropy" or intensity < ridge:
-        return Choice(fused, {}, why)
+        return Choice("pallas", {}, why)
     return Choice("xla", {}, why)
+
+
+def _cpu_rule(op: str, vocab: int, batch: int, d_model: int, dtype: str) -> Choice:
+    """What ``auto`` runs on a CPU with no measured row for the op: xla, the baseline, except
+    where this backend was measured to need otherwise.
+
+    The roofline cannot tell the fused decode from xla's at small B: xla's extra traffic, the
+    B x V f32 logits written and read back, is 8 B / (D w) of W's bytes (0.3% at B = 1,
+    D = 768, f32), and past the ridge both run the same matmul. Measured on XLA's CPU backend
+    with no profile (``benchmarks/unembed.py --profile none``, docs/benchmarks.md), the scan
+    over V tiles ran 1.8-8.9x slower than xla for greedy, top-k and sampling at B = 4-64 in bf16
+    (bf16 dots inside a loop body are slow there), and autotune's f32 candidates ran it
+    1.5-2.2x slower than xla at B = 1 and 4 (benchmarks/unembed.py, 03:58 UTC). Two exceptions:
+
+    - one bf16 row (B = 1): XLA's bf16 matrix-vector product runs ~14x slower than its two-row
+      product, so the decode runs as one whole tile of W (no loop) with h padded to two rows;
+    - cross-entropy whose N x V f32 logits outgrow W itself (training batches): the fused path,
+      so that memory stays bounded (training steps measured 15-24% faster with it); below
+      that the logits are small and xla runs (in bf16 the scan ran at 0.66-0.96x of xla's
+      time at N = 4-256, in f32 autotune kept xla there: only a profile can tell).
+    """
+    w_bytes = vocab * d_model * BYTES_PER_ELEMENT[dtype]
+    if op == "linear_cross_entropy":
+        if 4 * batch * vocab > w_bytes:
+            return Choice("chunked", {}, "cpu rule: N x V f32 logits larger than W: fused")
+        return Choice("xla", {}, "cpu rule: N x V f32 logits within W's bytes: xla")
+    if batch == 1 and dtype == "bf16":
+        whole = {"block_v": next_pow2(vocab), "min_rows": 2}
+        return Choice("chunked", whole, "cpu rule: one bf16 row: one whole tile, padded to 2 rows")
+    return Choice("xla", {}, "cpu rule: no measured row: xla")
 
 
 def _materializes_beyond(op: str, row: KernelTiming, vocab: int, batch: int) -> bool:
