@@ -32,6 +32,8 @@ from vocabjax.lifecycle import sweep as sweep_grid
 from vocabjax.plan import make_plan, parse_workload, policy_json
 from vocabjax.plots import check_plot_path, plot_sweep
 from vocabjax.profiles import atomic_write_json
+from vocabjax.serving.controller import DEFAULT_BAND, DEFAULT_WINDOW
+from vocabjax.serving.server import DEFAULT_MAX_BATCH, DEFAULT_MAX_NEW_TOKENS
 from vocabjax.shapes import BUILTIN_SHAPES, DEFAULT_MODEL, load_shape
 from vocabjax.trainprofile import load_training
 from vocabjax.units import parse_float_list, parse_size, parse_size_list
@@ -850,7 +852,7 @@ def train_command(ctx, out, resume, fmt, **options):
     emit(render.rows(rows, fmt, columns=columns))
 
 
-# ---- serving: generate ----------------------------------------------------------------------
+# ---- serving: generate, serve --------------------------------------------------------------
 
 
 def _parse_head(text: str, *, what: str = "head"):
@@ -1000,6 +1002,231 @@ def generate(run_dir, prompts, head, policy, max_new_tokens, temperature, top_k,
 
 def _timing_columns(t: dict) -> dict:
     return {"prefill_ms": t["prefill_ms"], "decode_tokens_per_s": t["decode_tokens_per_s"]}
+
+
+@main.command("serve", context_settings=CONTEXT)
+@click.option(
+    "--run",
+    "run_dir",
+    type=click.Path(file_okay=False),
+    required=True,
+    help="Run directory written by `train` (run.json, checkpoint/, tokenizer).",
+)
+@click.option(
+    "--policy",
+    type=click.Path(dir_okay=False),
+    required=True,
+    help="Policy .json (`plan --out`): its batch routes pick the head for each batch size.",
+)
+@click.option(
+    "--trace",
+    type=click.Path(dir_okay=False),
+    help="Requests, JSONL: {id, arrival_s, prompt, max_new_tokens} per line [default: --demo].",
+)
+@click.option(
+    "--demo",
+    is_flag=True,
+    help="Serve a demo trace built from the builtin corpus (the default without --trace).",
+)
+@click.option(
+    "--save-trace",
+    type=click.Path(dir_okay=False),
+    help="Also write the served trace (the demo's, say) as JSONL for --trace.",
+)
+@click.option(
+    "--max-batch",
+    type=click.IntRange(1),
+    default=DEFAULT_MAX_BATCH,
+    show_default=True,
+    help="Most waiting requests admitted into one batch.",
+)
+@click.option(
+    "--max-new-tokens",
+    type=click.IntRange(1),
+    default=DEFAULT_MAX_NEW_TOKENS,
+    show_default=True,
+    help="Tokens generated per request unless its trace line says.",
+)
+@click.option(
+    "--window",
+    type=click.IntRange(1),
+    default=DEFAULT_WINDOW,
+    show_default=True,
+    help="Requests in the quality controller's windowed bits per byte.",
+)
+@click.option(
+    "--bpb-high",
+    type=float,
+    help="Move a level up above this windowed BPB [default: (1 + band) x the run's largest "
+    "held-out BPB].",
+)
+@click.option(
+    "--bpb-low",
+    type=float,
+    help="Move a level down below this windowed BPB [default: (1 - band) x the run's smallest "
+    "held-out BPB].",
+)
+@click.option(
+    "--bpb-band",
+    type=click.FloatRange(0, 1, min_open=True, max_open=True),
+    default=DEFAULT_BAND,
+    show_default=True,
+    help="Relative band around the held-out BPB for the default thresholds.",
+)
+@click.option(
+    "--temperature",
+    type=click.FloatRange(0),
+    default=0.0,
+    show_default=True,
+    help="0: greedy (argmax); above 0: sample softmax(logits / temperature).",
+)
+@click.option("--top-k", type=click.IntRange(1), help="Sample among the k most likely tokens.")
+@click.option(
+    "--seed",
+    type=click.IntRange(0),
+    default=0,
+    show_default=True,
+    help="Seed of the demo trace and of sampling.",
+)
+@click.option(
+    "--plot", type=click.Path(dir_okay=False), help="Write a figure (.png): head and BPB over time."
+)
+@format_option
+def serve(run_dir, policy, trace, demo, save_trace, plot, fmt, **options):
+    """Serve a trace of requests with a trained run: the policy's router picks a head per
+    batch, the quality controller moves it a level up or down on the prompts' bits per byte.
+
+    \b
+    Example:
+        python cli.py train --out runs/tiny
+        python cli.py plan --model tiny --vocab 1k,2k,4k --lam 100 --out policy.json \\
+            --workload "edge:b=1:share=0.5,dc:b=256:share=0.5"
+        python cli.py serve --run runs/tiny --policy policy.json --demo
+        python cli.py serve --run runs/tiny --policy policy.json --trace trace.jsonl --format json
+    """
+    from vocabjax.serving import (
+        Engine,
+        Sampling,
+        ServeConfig,
+        demo_trace,
+        derive_thresholds,
+        load_policy,
+        load_run,
+        load_trace,
+        prompt_room,
+        training_bpb,
+        write_trace,
+    )
+    from vocabjax.serving import serve as serve_trace
+
+    if trace and demo:
+        raise UserError("give --trace FILE or --demo, not both")
+    if plot:
+        check_plot_path(plot)
+    sampling = Sampling(options["temperature"], options["top_k"], options["seed"])
+    config = ServeConfig(
+        max_batch=options["max_batch"],
+        max_new_tokens=options["max_new_tokens"],
+        window=options["window"],
+        sampling=sampling,
+    )
+    routes = load_policy(policy)
+    requests = load_trace(trace) if trace else None
+    run = load_run(run_dir)
+    thresholds = derive_thresholds(
+        training_bpb(run.run_dir, run.heads),
+        high=options["bpb_high"],
+        low=options["bpb_low"],
+        band=options["bpb_band"],
+        where=str(run.run_dir),
+    )
+    log(f"{run.run_dir}: {run.config.shape.name} at step {run.step}, heads {_heads(run.heads)}")
+    if requests is None:
+        note = "" if demo else " (no --trace given)"
+        requests = demo_trace(options["seed"], room=prompt_room(run, config.max_new_tokens))
+        log(f"demo trace{note}: {_trace_note(requests)} from the builtin corpus's held-out part")
+    else:
+        log(f"trace {trace}: {_trace_note(requests)}")
+    if save_trace:
+        log(f"wrote {write_trace(save_trace, requests)}")
+    if thresholds is None:
+        log(
+            "quality controller off: the run has no held-out bits per byte (training.json) "
+            "and --bpb-high/--bpb-low are not given"
+        )
+    else:
+        log(
+            f"quality controller: up above {thresholds.high:.3f}, down below "
+            f"{thresholds.low:.3f} bits per byte over {config.window} requests "
+            f"({thresholds.source})"
+        )
+    result = serve_trace(Engine(run), requests, routes, config, thresholds=thresholds, progress=log)
+    if plot:
+        from vocabjax.plots import plot_serve
+
+        plot_serve(result, plot, caption="python cli.py " + " ".join(sys.argv[1:]))
+        log(f"wrote {plot}")
+    if fmt == "json":
+        context = {"run": str(run.run_dir), "step": run.step, "policy": str(policy)}
+        context["trace"] = str(trace) if trace else f"demo (seed {options['seed']})"
+        emit(render.json_text(result.to_json(**context)))
+        return
+    if fmt != "table":
+        emit(render.rows([b.row() for b in result.batches], fmt))
+        return
+    s = result.summary()
+    emit(
+        f"served {s['requests']} requests in {s['batches']} batches "
+        f"({s['generated_tokens']:,} tokens generated)"
+    )
+    emit(
+        f"virtual clock: {s['makespan_s']:.2f} s from the first arrival to the last finish, "
+        f"{s['busy_s']:.3f} s of it busy: {_rate(s['tokens_per_s'])} tokens/s over the span, "
+        f"{_rate(s['busy_tokens_per_s'])} while busy (compiling {s['compile_s']:.1f} s, not on "
+        "the clock)"
+    )
+    emit(
+        f"latency p50 {1e3 * s['latency_p50_s']:.1f} ms, p95 {1e3 * s['latency_p95_s']:.1f} ms; "
+        f"mean queue wait {1e3 * s['queue_mean_s']:.1f} ms; mean prompt BPB "
+        f"{s['mean_prompt_bpb']:.3f}"
+    )
+    emit(
+        f"switches: {s['router_switches']} by the router, {s['controller_moves']} by the controller"
+    )
+    emit("\nper head")
+    emit(render.rows(result.head_rows(), fmt))
+    if result.phase_rows():
+        emit("\nper phase")
+        emit(render.rows(result.phase_rows(), fmt))
+    if result.switches:
+        emit("\nswitches")
+        rows = [
+            {"time_s": round(w.time_s, 3), "batch": w.batch, "from": w.from_head,
+             "to": w.to_head, "by": w.by, "why": w.reason}
+            for w in result.switches
+        ]  # fmt: skip
+        emit(render.rows(rows, fmt))
+
+
+def _heads(heads) -> str:
+    return ", ".join(map(str, heads))
+
+
+def _rate(x) -> str:
+    return "-" if x is None else f"{x:,.0f}"
+
+
+def _trace_note(requests) -> str:
+    """``136 requests over 63.2 s, prompts of 128-240 bytes``."""
+    span = requests[-1].arrival_s - requests[0].arrival_s
+    sizes = [len(r.prompt.encode("utf-8")) for r in requests]
+    phases = list(dict.fromkeys(r.phase for r in requests if r.phase))
+    note = f"{len(requests)} requests arriving over {span:.1f} s, prompts of {min(sizes)}-"
+    note += f"{max(sizes)} bytes"
+    if phases:
+        counts = [sum(r.phase == p for r in requests) for p in phases]
+        note += "; phases: " + ", ".join(f"{p} ({n})" for p, n in zip(phases, counts, strict=True))
+    return note
 
 
 # ---- kernels: autotune ----------------------------------------------------------------------

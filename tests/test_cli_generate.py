@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 from click.testing import CliRunner
-from test_serving import HEADS, SEQ_LEN, make_run
+from serving_testing import HEADS, SEQ_LEN, make_run
 
 import cli
 

@@ -4,7 +4,6 @@ by --head and by a policy's batch routes, and each bad run or prompt as one User
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import jax
@@ -12,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from vocab_testing import MAX_BYTES, nested
+from serving_testing import HEADS, MICRO, SEQ_LEN, make_run, scramble
 
 from vocabjax.errors import UserError
 from vocabjax.models import GPT, GPTConfig
@@ -25,35 +24,9 @@ from vocabjax.serving import (
     load_policy,
     load_run,
 )
-from vocabjax.shapes import ModelShape
-from vocabjax.train import CorpusSpec, Functional, RunConfig, train
+from vocabjax.train import Functional
 
-MICRO = ModelShape("micro", d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, glu=True)
-HEADS = (300, 500)
-SEQ_LEN = 40
 PROMPTS = ["def main(argv):\n    return", "import os"]  # different lengths: one batch
-
-
-def make_run(out: Path) -> Path:
-    """A tiny trained run (a few seconds): its own copy of the test tokenizer, 6 steps."""
-    from vocabjax.vocab import save_nested
-
-    save_nested(nested(), out / "tok", corpus="test")
-    config = RunConfig(
-        shape=MICRO,
-        heads=HEADS,
-        tokenizer=str(out / "tok"),
-        corpus=CorpusSpec("builtin", max_bytes=MAX_BYTES),
-        steps=6,
-        seq_len=SEQ_LEN,
-        batch=2,
-        warmup=2,
-        eval_tokens=256,
-        checkpoint_every=0,
-        impl="chunked",
-    )
-    train(config, out / "run", measure=False)
-    return out / "run"
 
 
 @pytest.fixture(scope="module")
@@ -68,14 +41,7 @@ def run(run_dir) -> LoadedRun:
 
 @pytest.fixture(scope="module")
 def scrambled(run) -> LoadedRun:
-    """The run with larger random weights: a 6-step model predicts mostly spaces, which would
-    make greedy agreement a weak check; these give varied tokens with clear margins."""
-    keys = jax.random.split(jax.random.key(7), len(run.params))
-    params = {
-        name: v if v.ndim == 1 else 0.2 * jax.random.normal(k, v.shape, v.dtype)
-        for k, (name, v) in zip(keys, sorted(run.params.items()), strict=True)
-    }
-    return dataclasses.replace(run, params=params, model=run.fn.model(params))
+    return scramble(run)
 
 
 # ---- the cache path of the model ----------------------------------------------------------------

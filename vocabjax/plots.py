@@ -84,6 +84,58 @@ def plot_sweep(
         ax_cost.set_title("c_infer(V, B)")
         ax_cost.legend(fontsize=8)
         ax_cost.grid(True, which="both", alpha=0.3)
+    return _finish(fig, path, caption)
+
+
+def plot_serve(result, path: str | os.PathLike, *, caption: str = "") -> Path:
+    """A served trace (``vocabjax.serving.ServeResult``): the head of each batch over the
+    virtual clock (marker size ~ B; the controller's moves as vertical lines), and each
+    request's prompt bits per byte with the controller's windowed value and thresholds."""
+    plt = _pyplot()
+    fig, (ax_head, ax_bpb) = plt.subplots(2, 1, figsize=(11, 6.5), sharex=True)
+    starts = [b.start_s for b in result.batches]
+    heads = [math.log2(b.head) for b in result.batches]
+    ax_head.step(starts, heads, where="post", color="0.6", lw=1)
+    ax_head.scatter(
+        starts, heads, s=[8 + 2 * b.batch for b in result.batches], c="C0", zorder=3,
+        label="a batch (size ~ B)",
+    )  # fmt: skip
+    ax_head.set_yticks([math.log2(h) for h in result.heads], [human_size(h) for h in result.heads])
+    ax_head.set_ylabel("head (vocabulary V)")
+    ax_head.set_title("served head per batch")
+    for ax in (ax_head, ax_bpb):
+        for i, s in enumerate(w for w in result.switches if w.by == "controller"):
+            ax.axvline(s.time_s, color="C3", ls=":", lw=1, label=None if i else "controller move")
+    ax_head.legend(fontsize=8, loc="upper left")
+    finish = [r.finish_s for r in result.requests]
+    ax_bpb.scatter(finish, [r.prompt_bpb for r in result.requests], s=6, c="0.6",
+                   label="prompt BPB (per request)")  # fmt: skip
+    counted: list[tuple[float, float]] = []
+    offset = None
+    for r in result.requests:
+        if r.window_bpb is None:
+            continue
+        if offset is not None and r.offset != offset:
+            counted.append((r.finish_s, math.nan))  # a move cleared the window: break the line
+        counted.append((r.finish_s, r.window_bpb))
+        offset = r.offset
+    if counted:
+        ax_bpb.plot(*zip(*counted, strict=True), color="C0", marker=".", ms=3, lw=1,
+                    label="windowed BPB (controller)")  # fmt: skip
+    if result.thresholds is not None:
+        for value, name, color in ((result.thresholds.high, "high", "C3"),
+                                   (result.thresholds.low, "low", "C2")):  # fmt: skip
+            ax_bpb.axhline(value, color=color, ls="--", lw=1, label=f"{name} {value:.3f}")
+    ax_bpb.set_xlabel("virtual clock, s")
+    ax_bpb.set_ylabel("bits per byte")
+    ax_bpb.legend(fontsize=8, loc="upper left")
+    ax_bpb.grid(True, alpha=0.3)
+    return _finish(fig, path, caption)
+
+
+def _finish(fig, path: str | os.PathLike, caption: str) -> Path:
+    """Caption (monospace, under the axes), lay out, save atomically and close the figure."""
+    plt = _pyplot()
     if caption:
         fig.text(0.01, -0.01, caption, fontsize=8, family="monospace")
     fig.tight_layout()

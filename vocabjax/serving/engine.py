@@ -22,6 +22,14 @@ reproduces a generation. A sequence stops at the separator (not part of its text
 ``max_new_tokens``, or when its next position would be ``max_seq`` (learned positions end
 there). Prefill and decode are compiled ahead of time and called once before the timed run, so
 the timings leave compiling and first-call set-up out.
+
+For ``serve``: ``generate(..., score=True)`` also returns each prompt's teacher-forced negative
+log-likelihood under the head (``Completion.prompt_nats``, ``prompt_bpb``), computed in the
+same prefill from its hidden states at positions 0..n-2 against the prompt's tokens 1..n-1
+through ``linear_cross_entropy(reduction="none")`` on ``W[:V]`` (the separator is given, not
+predicted); ``max_new_tokens`` may be one limit per prompt; ``pad_batch_to`` runs the batch as
+more rows (one-token stand-ins whose output is dropped), so batches of many sizes share a few
+compiled shapes.
 """
 
 from __future__ import annotations
@@ -40,10 +48,11 @@ from flax import nnx
 
 from vocabjax import unembed
 from vocabjax.errors import UserError
-from vocabjax.models import GPT
+from vocabjax.models import GPT, head_loss
 from vocabjax.plan import POLICY_KIND
 from vocabjax.profiles import load_json
 from vocabjax.train import (
+    IGNORE,
     RUN_FILE,
     Functional,
     HeadTokenizer,
@@ -210,6 +219,22 @@ class Completion:
     tokens: tuple[int, ...]  # generated ids (the stopping separator left out)
     text: str  # the generated tokens decoded
     stop: Stop
+    # generate(score=True): the teacher-forced negative log-likelihood (nats) of the prompt's
+    # tokens, each given the separator and the tokens before it, under this head
+    prompt_nats: float | None = None
+
+    @property
+    def prompt_bytes(self) -> int:
+        """The prompt's UTF-8 bytes: what its tokens decode to (byte-level BPE)."""
+        return len(self.prompt.encode("utf-8"))
+
+    @property
+    def prompt_bpb(self) -> float | None:
+        """Bits per byte of the prompt under the head (score=True), as train's held-out bpb
+        measures text: nats / (ln 2 * bytes)."""
+        if self.prompt_nats is None:
+            return None
+        return self.prompt_nats / (math.log(2) * self.prompt_bytes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,6 +249,7 @@ class Generation:
     decode_s: float  # the decode loop after the prefill
     decode_steps: int
     decode_tokens: int  # tokens the decode steps produced for running sequences
+    padded_batch: int  # rows the compiled functions ran: the batch, or pad_batch_to
 
     @property
     def batch(self) -> int:
@@ -282,9 +308,11 @@ class Engine:
             out.append(ids)
         return out
 
-    def _functions(self, head: int, batch: int, bucket: int, sampling: Sampling, example):
+    def _functions(
+        self, head: int, batch: int, bucket: int, sampling: Sampling, score: bool, example
+    ):
         """(prefill, decode, seconds spent compiling them now: 0 when they were kept)."""
-        key = (head, batch, bucket, sampling.temperature, sampling.top_k)
+        key = (head, batch, bucket, sampling.temperature, sampling.top_k, score)
         if key in self._compiled:
             return (*self._compiled[key], 0.0)
         fn, max_seq = self.run.fn, self.run.max_seq
@@ -297,13 +325,24 @@ class Engine:
                 h_bd, w_vd, rng, sampling.temperature, sampling.top_k, impl="auto"
             )
 
+        def prompt_nats(model: GPT, h_btd, ids_bt, lengths_b):
+            # Position t predicts token t + 1; predictions past a prompt's end are left out.
+            t = ids_bt.shape[1]
+            real_bt = jnp.arange(1, t, dtype=lengths_b.dtype)[None, :] < lengths_b[:, None]
+            labels_bt = jnp.where(real_bt, ids_bt[:, 1:], IGNORE)
+            nats_bt = head_loss(
+                h_btd[:, :-1], model.head(head), labels_bt, impl="auto", reduction="none"
+            )
+            return nats_bt.sum(axis=1)
+
         def prefill(params, ids_bt, lengths_b, rng):
             model = fn.model(params)
             caches = model.init_cache(ids_bt.shape[0], max_seq)
             start_b = jnp.zeros((ids_bt.shape[0],), jnp.int32)
             h_btd, caches = model.cached(ids_bt, caches, start_b)
             h_bd = jnp.take_along_axis(h_btd, (lengths_b - 1)[:, None, None], axis=1)[:, 0]
-            return caches, pick(model, h_bd, jax.random.fold_in(rng, 0))
+            nats_b = prompt_nats(model, h_btd, ids_bt, lengths_b) if score else None
+            return caches, pick(model, h_bd, jax.random.fold_in(rng, 0)), nats_b
 
         def decode(params, caches, token_b, pos_b, rng, step):
             model = fn.model(params)
@@ -313,7 +352,7 @@ class Engine:
         params, ids_bt, lengths_b, rng = example
         started = time.perf_counter()
         prefill_c = jax.jit(prefill).lower(params, ids_bt, lengths_b, rng).compile()
-        caches, token_b = jax.eval_shape(prefill, params, ids_bt, lengths_b, rng)
+        caches, token_b, _ = jax.eval_shape(prefill, params, ids_bt, lengths_b, rng)
         decode_c = (
             jax.jit(decode, donate_argnums=(1,))
             .lower(params, caches, token_b, lengths_b, rng, jnp.int32(1))
@@ -321,7 +360,7 @@ class Engine:
         )
         # One untimed run of each: a fresh executable's first call pays set-up costs (10-30 ms
         # for a 16-token prefill on a 2-core CPU against under 1 ms after) that are not decoding.
-        caches, token_b = prefill_c(params, ids_bt, lengths_b, rng)
+        caches, token_b, _ = prefill_c(params, ids_bt, lengths_b, rng)
         jax.block_until_ready(decode_c(params, caches, token_b, lengths_b, rng, jnp.int32(1)))
         self._compiled[key] = (prefill_c, decode_c)
         return prefill_c, decode_c, time.perf_counter() - started
@@ -331,36 +370,57 @@ class Engine:
         prompts: Sequence[str],
         *,
         head: int,
-        max_new_tokens: int = 64,
+        max_new_tokens: int | Sequence[int] = 64,
         sampling: Sampling | None = None,
+        score: bool = False,
+        pad_batch_to: int | None = None,
     ) -> Generation:
-        """Continue every prompt at head ``head`` (one of the run's heads), as one batch."""
+        """Continue every prompt at head ``head`` (one of the run's heads), as one batch.
+
+        ``max_new_tokens`` is one limit for all or one per prompt. ``score``: the prefill also
+        measures each prompt's negative log-likelihood under the head (``Completion.prompt_nats``,
+        ``prompt_bpb``), from the prefill's hidden states through ``linear_cross_entropy``.
+        ``pad_batch_to``: run the batch as this many rows (>= the prompts; the extra rows are a
+        one-token stand-in whose output is dropped), so that batches of many sizes share a few
+        compiled shapes.
+        """
         sampling = sampling or Sampling()
-        if not _is_int(max_new_tokens) or max_new_tokens < 1:
+        per_prompt = isinstance(max_new_tokens, Sequence) and not isinstance(max_new_tokens, str)
+        limits = list(max_new_tokens) if per_prompt else [max_new_tokens]  # type: ignore[arg-type]
+        if not all(_is_int(n) and n >= 1 for n in limits):
             raise UserError(f"max_new_tokens={max_new_tokens!r} must be a positive integer")
         if sampling.top_k is not None and sampling.top_k > head:
             raise UserError(f"top_k={sampling.top_k} must be <= the head's V={head}")
         encoded = self.encode(prompts, head)
         max_seq = self.run.max_seq
         b = len(encoded)
-        lengths = np.asarray([len(x) for x in encoded], dtype=np.int32)
+        if not per_prompt:
+            limits *= b
+        elif len(limits) != b:
+            raise UserError(f"{len(limits)} max_new_tokens for {b} prompts: give one per prompt")
+        rows = b if pad_batch_to is None else pad_batch_to
+        if not _is_int(rows) or rows < b:
+            raise UserError(f"pad_batch_to={pad_batch_to!r} must be an integer >= {b} prompts")
+        # Padding rows: token id 0 alone, never read (their outputs are dropped).
+        lengths = np.asarray([len(x) for x in encoded] + [1] * (rows - b), dtype=np.int32)
         bucket = bucket_length(int(lengths.max()), max_seq)
-        ids = np.zeros((b, bucket), dtype=np.int32)  # padding: id 0, never attended to
-        for row, x in zip(ids, encoded, strict=True):
+        ids = np.zeros((rows, bucket), dtype=np.int32)  # padding: id 0, never attended to
+        for row, x in zip(ids, encoded, strict=False):
             row[: len(x)] = x
         rng = jax.random.key(sampling.seed)
         params = self.run.params
         args = (params, jnp.asarray(ids), jnp.asarray(lengths), rng)
-        prefill_c, decode_c, compile_s = self._functions(head, b, bucket, sampling, args)
+        prefill_c, decode_c, compile_s = self._functions(head, rows, bucket, sampling, score, args)
 
         started = time.perf_counter()
-        caches, token_b = prefill_c(*args)
+        caches, token_b, nats_b = prefill_c(*args)
         first = np.asarray(token_b)
         prefill_s = time.perf_counter() - started
 
         separator = self.run.level(head).separator
-        generated: list[list[int]] = [[] for _ in range(b)]
-        stop: list[Stop | None] = [None] * b
+        generated: list[list[int]] = [[] for _ in range(rows)]
+        stop: list[Stop | None] = [None] * rows
+        real = np.arange(rows) < b  # the rows that hold prompts
         pos = lengths.copy()  # where each sequence's next fed token goes
 
         def take(tokens: np.ndarray, running: np.ndarray) -> None:
@@ -374,16 +434,16 @@ class Engine:
                     stop[i] = "eos"
                     continue
                 generated[i].append(int(tokens[i]))
-                if len(generated[i]) >= max_new_tokens:
+                if len(generated[i]) >= limits[i]:
                     stop[i] = "max_new_tokens"
                 elif pos[i] >= max_seq:
                     stop[i] = "max_seq"
 
-        take(first, np.ones(b, dtype=bool))
+        take(first, real)
         steps = produced = 0
         started = time.perf_counter()
         while True:
-            running = np.asarray([s is None for s in stop])
+            running = real & np.asarray([s is None for s in stop])
             if not running.any():
                 break
             steps += 1
@@ -401,6 +461,7 @@ class Engine:
             produced += int(running.sum())
             take(tokens, running)
         decode_s = time.perf_counter() - started
+        nats = [None] * b if nats_b is None else [float(x) for x in np.asarray(nats_b)[:b]]
 
         level = self.run.level(head)
         completions = tuple(
@@ -411,14 +472,17 @@ class Engine:
                 tokens=tuple(g),
                 text=level.tokenizer.decode(g, skip_special_tokens=False),
                 stop=s,  # type: ignore[arg-type]  (every row has stopped here)
+                prompt_nats=nll,
             )
-            for text, n, g, s in zip(prompts, lengths, generated, stop, strict=True)
+            for text, n, g, s, nll in zip(
+                prompts, lengths[:b], generated[:b], stop[:b], nats, strict=True
+            )
         )
         op = "greedy" if sampling.greedy else ("sample" if sampling.top_k is None else "top_k")
         choice = unembed.select(
             op,
             head,
-            b,
+            rows,
             self.run.config.shape.d_model,
             unembed.dtype_name(self.run.config.model_config.dtype),
         )
@@ -433,4 +497,5 @@ class Engine:
             decode_s=decode_s,
             decode_steps=steps,
             decode_tokens=produced,
+            padded_batch=rows,
         )
