@@ -35,7 +35,7 @@ from vocabjax.train import (
 )
 from vocabjax.train import checkpoint as checkpoint_module
 from vocabjax.train import run as run_module
-from vocabjax.train.steps import Functional
+from vocabjax.train.steps import Functional, time_step
 
 MICRO = ModelShape("micro", d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=64, glu=True)
 HEADS = (300, 500)
@@ -147,6 +147,26 @@ def test_loss_goes_down_on_a_repeated_batch_for_every_head():
     last = np.asarray(losses)
     assert first.shape == (2,)
     assert np.all(last < 0.5 * first), (first, last)
+
+
+def test_the_step_donates_its_state_and_timing_leaves_the_callers_intact():
+    cfg = config(steps=4)
+    fn, params = init_params(cfg)
+    tx = optimizer(cfg)
+    opt_state = tx.init(params)
+    batch = jnp.zeros((len(cfg.heads), 2, 9), jnp.int32)
+    kept = {k: np.asarray(v) for k, v in params.items()}
+    # Timing steps from copies: the caller's parameters stay live and unchanged.
+    donating = make_train_step(fn, cfg.heads, tx, cfg.impl)
+    assert time_step(donating, params, opt_state, batch, repeats=2) > 0
+    for k, v in params.items():
+        np.testing.assert_array_equal(np.asarray(v), kept[k])
+    # The step itself consumes them (updated in place), unless asked not to.
+    keeping = make_train_step(fn, cfg.heads, tx, cfg.impl, donate=False)
+    new_params, new_opt, _ = keeping(params, opt_state, batch)
+    assert not any(v.is_deleted() for v in params.values())
+    donating(new_params, new_opt, batch)
+    assert all(v.is_deleted() for v in new_params.values())
 
 
 def _params(run_dir):

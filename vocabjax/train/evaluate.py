@@ -87,6 +87,6 @@ def throughput(
     for head, w in zip(heads, windows, strict=True):
         step = make_train_step(fn, (head.vocab,), tx, impl)
         batch_hbt = w.batch(0, batch)[None]
-        seconds = time_step(step, (params, opt_state, batch_hbt), repeats=repeats)
+        seconds = time_step(step, params, opt_state, batch_hbt, repeats=repeats)
         out.append(batch * (batch_hbt.shape[-1] - 1) / seconds)
     return out

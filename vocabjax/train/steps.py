@@ -9,8 +9,9 @@ leaves.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -90,11 +91,18 @@ def optimizer(config: RunConfig) -> optax.GradientTransformation:
 
 
 def make_train_step(
-    fn: Functional, heads: Sequence[int], tx: optax.GradientTransformation, impl: str
+    fn: Functional,
+    heads: Sequence[int],
+    tx: optax.GradientTransformation,
+    impl: str,
+    *,
+    donate: bool = True,
 ):
     """``step(params, opt_state, batch_hbt) -> (params, opt_state, losses_h)``: one batch per
     head (H, B, T + 1); the loss is the mean over heads of each head's mean cross-entropy. The
-    heads' windows go through the backbone together, as one batch of H B windows."""
+    heads' windows go through the backbone together, as one batch of H B windows. The step
+    consumes (donates) the ``params`` and ``opt_state`` it is given, unless ``donate=False``
+    (the baseline ``benchmarks/train_throughput.py --donation`` times it against)."""
     heads = tuple(heads)
 
     def loss_fn(params: Params, batch_hbt: jax.Array):
@@ -110,7 +118,9 @@ def make_train_step(
         )
         return jnp.mean(losses), losses
 
-    @jax.jit
+    # params and opt_state are donated: XLA updates them in place instead of allocating a fresh
+    # copy of every parameter and moment each step (docs/benchmarks.md, "Training throughput").
+    @functools.partial(jax.jit, donate_argnums=(0, 1) if donate else ())
     def step(params: Params, opt_state, batch_hbt: jax.Array):
         (_, losses), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch_hbt)
         # optax's Adam bias correction raises a Python float to the int32 step count, which
@@ -143,8 +153,22 @@ def _is_float(x) -> bool:
     return jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating)
 
 
-def time_step(step, args: tuple, *, repeats: int) -> float:
-    """Median wall seconds of ``step(*args)`` after one compiling call; inputs stay fixed
-    (``autotune.time_call``, every repeat kept however slow the step is)."""
+def stepping(step, params: Params, opt_state, batch_hbt: jax.Array) -> Callable[..., Any]:
+    """A call that runs ``step`` once from where the previous call left off, starting on copies
+    of ``params`` and ``opt_state`` (the step donates its state; the caller's arrays stay
+    valid). Its arguments are ignored, so it fits ``autotune``'s timers."""
+    state = [jax.tree.map(jnp.copy, (params, opt_state))]
+
+    def call(*_):
+        new_params, new_opt, losses = step(*state[0], batch_hbt)
+        state[0] = (new_params, new_opt)
+        return losses, new_params
+
+    return call
+
+
+def time_step(step, params: Params, opt_state, batch_hbt: jax.Array, *, repeats: int) -> float:
+    """Median wall seconds of one ``step`` after a compiling call (``autotune.time_call``, every
+    repeat kept however slow the step is), each call continuing from the last (``stepping``)."""
     settings = Settings(warmup=1, repeats=repeats, min_repeats=repeats, slow_call_s=math.inf)
-    return time_call(step, [args], settings)
+    return time_call(stepping(step, params, opt_state, batch_hbt), [()], settings)
