@@ -4,6 +4,7 @@ by --head and by a policy's batch routes, and each bad run or prompt as one User
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import jax
@@ -140,6 +141,26 @@ def test_generation_stops_at_max_seq(scrambled):
     n_prompt = len(Engine(scrambled).encode([prompt], 500)[0])
     out = Engine(scrambled).generate([prompt], head=500, max_new_tokens=64).completions[0]
     assert out.stop == "max_seq" and n_prompt + len(out.tokens) == SEQ_LEN + 1
+
+
+def _with_params(run: LoadedRun, **changes) -> LoadedRun:
+    params = {**run.params, **changes}
+    return dataclasses.replace(run, params=params, model=run.fn.model(params))
+
+
+def test_generation_stops_at_the_separator_and_on_a_non_finite_state(scrambled):
+    # W = 0: every logit ties, the lowest id wins, and id 0 is the separator: stop at once.
+    assert scrambled.level(300).separator == 0
+    w = scrambled.params["unembed.value"]
+    silent = _with_params(scrambled, **{"unembed.value": jnp.zeros_like(w)})
+    out = Engine(silent).generate(PROMPTS, head=300, max_new_tokens=8)
+    assert [(c.stop, c.tokens, c.text) for c in out.completions] == [("eos", (), "")] * 2
+    assert (out.decode_steps, out.decode_tokens) == (0, 0)
+    # A NaN in the final norm: every hidden state is NaN, greedy says -1, one error line.
+    scale = scrambled.params["final_norm.scale.value"]
+    broken = _with_params(scrambled, **{"final_norm.scale.value": scale * jnp.nan})
+    with pytest.raises(UserError, match="hidden state is not finite"):
+        Engine(broken).generate(PROMPTS[:1], head=300, max_new_tokens=4)
 
 
 def test_sampling_is_reproducible_by_seed(scrambled):
