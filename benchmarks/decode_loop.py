@@ -14,8 +14,6 @@ out. The engine's rows stop at the separator, so its token count is the one it p
 from __future__ import annotations
 
 import argparse
-import datetime
-import platform
 import statistics
 import sys
 import time
@@ -26,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from _report import header  # noqa: E402
 
 from vocabjax import render, unembed  # noqa: E402
 from vocabjax.serving import Engine, load_run  # noqa: E402
@@ -99,15 +98,12 @@ def main(argv=None) -> int:
                 "device tokens/s": batch / d,
             }
         )
-    device = jax.devices()[0]
-    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    print(
-        f"# {stamp}; device {getattr(device, 'device_kind', jax.default_backend())} "
-        f"({jax.default_backend()}), {platform.processor() or platform.machine()}, "
-        f"jax {jax.__version__}; run {args.run} ({run.config.shape.name}), head {head}, "
-        f"prompt {prompt_len} tokens, up to {tokens} decode steps"
+    header(
+        __file__,
+        argv,
+        f"run {args.run} ({run.config.shape.name}), head {head}, prompt {prompt_len} tokens, "
+        f"up to {tokens} decode steps",
     )
-    print(f"# command: python benchmarks/decode_loop.py {' '.join(argv or sys.argv[1:])}")
     print(render.rows(rows, args.format))
     return 0
 

@@ -19,17 +19,15 @@ would be, but its memory system and kernels are not a GPU's.
 from __future__ import annotations
 
 import argparse
-import datetime
-import platform
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from _report import header  # noqa: E402
 
 from vocabjax import render  # noqa: E402
 from vocabjax.autotune import Settings, time_interleaved  # noqa: E402
@@ -140,18 +138,12 @@ def main(argv=None) -> int:
             }
         )
 
-    device = jax.devices()[0]
-    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    where = (
-        f"{getattr(device, 'device_kind', jax.default_backend())} ({jax.default_backend()}), "
-        f"{platform.processor() or platform.machine()}, jax {jax.__version__}"
+    made = header(
+        __file__,
+        argv,
+        f"model {shape.name}, batch {args.batch} x seq {args.seq_len}, impl {args.impl}, "
+        f"compute {args.compute_dtype}",
     )
-    command = f"python benchmarks/train_throughput.py {' '.join(argv or sys.argv[1:])}".strip()
-    print(
-        f"# {stamp}; device {where}; model {shape.name}, batch {args.batch} x seq "
-        f"{args.seq_len}, impl {args.impl}, compute {args.compute_dtype}"
-    )
-    print(f"# command: {command}")
     print(render.rows(rows, args.format))
     if ratios:
         print()
@@ -160,9 +152,7 @@ def main(argv=None) -> int:
         record = {
             "schema": SCHEMA,
             "kind": "train_throughput",
-            "date": stamp,
-            "device": where,
-            "command": command,
+            **made,
             "model": shape.name,
             "batch": args.batch,
             "seq_len": args.seq_len,

@@ -37,8 +37,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
-import platform
 import sys
 from pathlib import Path
 
@@ -46,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+from _report import header  # noqa: E402
 
 from vocabjax import autotune as at  # noqa: E402
 from vocabjax import render, unembed  # noqa: E402
@@ -94,7 +93,6 @@ def main(argv=None) -> int:
     # auto against xla: more rounds (fast points are the noisy ones; slow ones still stop at
     # min_repeats), each xla median against the mean of the two.
     compare = dataclasses.replace(settings, repeats=max(15, args.repeats))
-    device = jax.devices()[0]
     ceilings = at.measure_ceilings(tuple(dict.fromkeys((args.dtype, *at.DTYPES))), settings, say)
     read_fn, read_bytes = read_probe(settings.copy_bytes)
     read_bw = read_bytes / at.time_call(read_fn, [()], settings, fastest=True)
@@ -239,13 +237,7 @@ def main(argv=None) -> int:
                                 }
                             )
     fmt = args.format
-    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    print(
-        f"# {stamp}; device {getattr(device, 'device_kind', jax.default_backend())} "
-        f"({jax.default_backend()}), {platform.processor() or platform.machine()}, "
-        f"jax {jax.__version__}; d_model={args.d_model}, dtype={args.dtype}"
-    )
-    print(f"# command: python benchmarks/unembed.py {' '.join(argv or sys.argv[1:])}")
+    header(__file__, argv, f"d_model={args.d_model}, dtype={args.dtype}")
     read_row = {"ceiling": "read_only_stream", "value": read_bw, "unit": "bytes/s"}
     print(
         f"# auto: {'the profile measured above' if profile else 'no profile (the selector fallback rule)'}"
