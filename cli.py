@@ -855,6 +855,20 @@ def train_command(ctx, out, resume, fmt, **options):
 # ---- serving: generate, serve --------------------------------------------------------------
 
 
+def _sampling_options(f):
+    """--temperature and --top-k, as generate and serve take them."""
+    f = click.option(
+        "--top-k", type=click.IntRange(1), help="Sample among the k most likely tokens."
+    )(f)
+    return click.option(
+        "--temperature",
+        type=click.FloatRange(0),
+        default=0.0,
+        show_default=True,
+        help="0: greedy (argmax); above 0: sample softmax(logits / temperature).",
+    )(f)
+
+
 def _parse_head(text: str, *, what: str = "head"):
     """``auto`` or a size (``4k``, ``4096``)."""
     return "auto" if str(text).strip().lower() == "auto" else parse_size(text, what=what)
@@ -895,14 +909,7 @@ def _parse_head(text: str, *, what: str = "head"):
     show_default=True,
     help="Most tokens generated per prompt (fewer at <|endoftext|> or the run's seq-len).",
 )
-@click.option(
-    "--temperature",
-    type=click.FloatRange(0),
-    default=0.0,
-    show_default=True,
-    help="0: greedy (argmax); above 0: sample softmax(logits / temperature).",
-)
-@click.option("--top-k", type=click.IntRange(1), help="Sample among the k most likely tokens.")
+@_sampling_options
 @click.option("--seed", type=click.IntRange(0), default=0, show_default=True, help="Sampling seed.")
 @format_option
 def generate(run_dir, prompts, head, policy, max_new_tokens, temperature, top_k, seed, fmt):
@@ -1073,14 +1080,7 @@ def _timing_columns(t: dict) -> dict:
     show_default=True,
     help="Relative band around the held-out BPB for the default thresholds.",
 )
-@click.option(
-    "--temperature",
-    type=click.FloatRange(0),
-    default=0.0,
-    show_default=True,
-    help="0: greedy (argmax); above 0: sample softmax(logits / temperature).",
-)
-@click.option("--top-k", type=click.IntRange(1), help="Sample among the k most likely tokens.")
+@_sampling_options
 @click.option(
     "--seed",
     type=click.IntRange(0),

@@ -10,6 +10,8 @@ cannot stand in for; they are listed as not testable by the simulator.
 
 from __future__ import annotations
 
+import functools
+
 import _common  # noqa: F401
 import numpy as np
 from _common import DOCS, write_doc
@@ -171,6 +173,7 @@ def claim_lambda_for_262k():
 MEASURED_THROUGHPUT = DOCS / "train_throughput_cpu.json"  # benchmarks/train_throughput.py --out
 
 
+@functools.cache
 def measured_throughput_ratio() -> tuple[float, dict] | None:
     """The measured 8k -> 262k tokens/s ratio of paper-100m and its record, if one was written."""
     if not MEASURED_THROUGHPUT.exists():

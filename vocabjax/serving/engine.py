@@ -85,6 +85,18 @@ class _Decoding(NamedTuple):
     produced: jax.Array  # tokens the steps produced for running rows
 
 
+def _fetched(done: _Decoding) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The decode loop's results on the host: generated ids, their counts, stop codes."""
+    return np.asarray(done.out_bs), np.asarray(done.n_b), np.asarray(done.stop_b)
+
+
+def prompt_ids(level: HeadTokenizer, text: str) -> np.ndarray:
+    """``text``'s ids at ``level`` after the separator (every training document followed one,
+    so the prompt reads as the start of a document)."""
+    lead = [] if level.separator is None else [level.separator]
+    return np.asarray(lead + level.tokenizer.encode(text, add_special_tokens=False).ids, np.int32)
+
+
 # ---- a trained run ----------------------------------------------------------------------------
 
 
@@ -311,13 +323,11 @@ class Engine:
             raise UserError("give at least one prompt")
         level = self.run.level(head)
         max_seq = self.run.max_seq
-        lead = [] if level.separator is None else [level.separator]
         out = []
         for i, text in enumerate(prompts, 1):
             if not text:
                 raise UserError(f"prompt {i} is empty: give the text to continue")
-            enc = level.tokenizer.encode(text, add_special_tokens=False)
-            ids = np.asarray(lead + enc.ids, dtype=np.int32)
+            ids = prompt_ids(level, text)
             if len(ids) > max_seq:
                 raise UserError(
                     f"prompt {i} is {len(ids)} tokens at head {head} (separator included), "
@@ -426,22 +436,21 @@ class Engine:
         started = time.perf_counter()
         prefill_c = jax.jit(prefill).lower(params, ids_bt, lengths_b, rng).compile()
         caches, token_b, _ = jax.eval_shape(prefill, params, ids_bt, lengths_b, rng)
-        flags_b = jnp.ones(lengths_b.shape, bool)
+        # The decode's warm-up arguments: at most one loop step (a limit of 2 tokens per row).
+        twos_b = jnp.asarray(np.full(lengths_b.shape, 2, np.int32))
+        real_b = jnp.asarray(np.ones(lengths_b.shape, bool))
         decode_c = (
             jax.jit(decode, donate_argnums=(1,))
-            .lower(params, caches, token_b, lengths_b, lengths_b, flags_b, rng)
+            .lower(params, caches, token_b, lengths_b, twos_b, real_b, rng)
             .compile()
         )
         # One untimed run of each: a fresh executable's first call pays set-up costs (10-30 ms
         # for a 16-token prefill on a 2-core CPU against under 1 ms after) that are not decoding.
-        # The decode's warm-up runs at most one loop step (a limit of 2 tokens per row) on host
-        # arrays and fetches its results, as a timed call does: without the fetch, the first
-        # timed call of a process took ~20 ms more (tiny run, CPU: 25 against 7 ms).
+        # The decode's warm-up runs on host arrays and fetches its results, as a timed call
+        # does: without the fetch, the first timed call of a process took ~20 ms more (tiny
+        # run, CPU: 25 against 7 ms).
         caches, token_b, _ = prefill_c(params, ids_bt, lengths_b, rng)
-        twos_b = jnp.asarray(np.full(lengths_b.shape, 2, np.int32))
-        real_b = jnp.asarray(np.ones(lengths_b.shape, bool))
-        done = decode_c(params, caches, token_b, lengths_b, twos_b, real_b, rng)
-        [np.asarray(x) for x in (done.out_bs, done.n_b, done.stop_b)]
+        _fetched(decode_c(params, caches, token_b, lengths_b, twos_b, real_b, rng))
         self._compiled[key] = (prefill_c, decode_c)
         return prefill_c, decode_c, time.perf_counter() - started
 
@@ -508,7 +517,7 @@ class Engine:
             jnp.asarray(real),
             rng,
         )
-        out_bs, n_b, stop_b = (np.asarray(x) for x in (done.out_bs, done.n_b, done.stop_b))
+        out_bs, n_b, stop_b = _fetched(done)
         decode_s = time.perf_counter() - started
         if np.any(stop_b[real] == STOP_CODES["nonfinite"]):
             raise UserError(

@@ -40,7 +40,7 @@ import numpy as np
 from vocabjax.errors import UserError
 from vocabjax.profiles import SCHEMA
 from vocabjax.serving.controller import DEFAULT_WINDOW, QualityController, Thresholds
-from vocabjax.serving.engine import Engine, LoadedRun, Sampling, choose_head
+from vocabjax.serving.engine import Engine, LoadedRun, Sampling, choose_head, prompt_ids
 from vocabjax.serving.trace import PromptRoom, Request
 
 DEFAULT_MAX_BATCH = 32
@@ -462,8 +462,7 @@ def check_prompts(run: LoadedRun, requests: Sequence[Request]) -> None:
 
 def _tokens(level, text: str) -> int:
     """Tokens of ``text`` at a level, with the separator the engine puts before it."""
-    ids = level.tokenizer.encode(text, add_special_tokens=False).ids
-    return len(ids) + (level.separator is not None)
+    return len(prompt_ids(level, text))
 
 
 def prompt_room(run: LoadedRun, max_new_tokens: int) -> PromptRoom:
