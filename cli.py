@@ -29,9 +29,9 @@ from vocabjax.lifecycle import (
     sweep_rows,
 )
 from vocabjax.lifecycle import sweep as sweep_grid
+from vocabjax.outputs import atomic_write_json
 from vocabjax.plan import make_plan, parse_workload, policy_json
 from vocabjax.plots import check_plot_path, plot_sweep
-from vocabjax.profiles import atomic_write_json
 from vocabjax.serving.controller import DEFAULT_BAND, DEFAULT_WINDOW
 from vocabjax.serving.server import DEFAULT_MAX_BATCH, DEFAULT_MAX_NEW_TOKENS
 from vocabjax.shapes import BUILTIN_SHAPES, DEFAULT_MODEL, load_shape
@@ -571,7 +571,6 @@ def tokenizer_measure(specs, corpus_spec, field, split, held_out, max_bytes, out
         python cli.py tokenizer measure --tokenizer a/tokenizer.json \\
             --tokenizer cl100k_base.tiktoken --corpus docs/ --split all --format json
     """
-    from vocabjax.profiles import atomic_write_json
     from vocabjax.vocab import compression_profile, curve_notes, load_tokenizers, measure
 
     tokenizers = [t for spec in specs for t in load_tokenizers(spec)]

@@ -34,7 +34,7 @@ from vocabjax.autotune import Settings, time_interleaved  # noqa: E402
 from vocabjax.costmodel import CostModel  # noqa: E402
 from vocabjax.costmodel import Settings as CostSettings  # noqa: E402
 from vocabjax.hardware import load_device  # noqa: E402
-from vocabjax.profiles import SCHEMA, atomic_write_json  # noqa: E402
+from vocabjax.outputs import SCHEMA, atomic_write_json  # noqa: E402
 from vocabjax.shapes import load_shape  # noqa: E402
 from vocabjax.train import CorpusSpec, RunConfig  # noqa: E402
 from vocabjax.train.steps import init_params, make_train_step, optimizer, stepping  # noqa: E402

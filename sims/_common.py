@@ -15,7 +15,7 @@ _HERE = str(Path(__file__).resolve().parent)
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(_HERE)]
 sys.path.insert(0, str(ROOT))
 
-from vocabjax.profiles import atomic_write_text  # noqa: E402
+from vocabjax.outputs import atomic_write_text  # noqa: E402
 
 
 def command() -> str:

@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 from vocabjax import render  # noqa: E402
 from vocabjax.compression import DEFAULT_CURVE  # noqa: E402
 from vocabjax.corpus import BUILTIN, open_corpus  # noqa: E402
-from vocabjax.profiles import atomic_write_text  # noqa: E402
+from vocabjax.outputs import atomic_write_text  # noqa: E402
 from vocabjax.units import parse_size, parse_size_list  # noqa: E402
 from vocabjax.vocab import (  # noqa: E402
     LoadedTokenizer,

@@ -65,8 +65,13 @@ def test_sharded_sweep_equals_one_device():
     grid = Grid(vocab=tuple(int(v) for v in np.geomspace(4096, 2**20, 37)), batch=(1, 3, 64, 500))
     one = sweep(cm, grid, devices=devices[:1])
     four = sweep(cm, grid, devices=devices)
-    for field in ("c_train", "c_infer", "b_max", "v_star", "j_star", "v_infer", "break_even"):
+    for field in ("b_max", "v_star", "v_infer"):
         np.testing.assert_array_equal(getattr(one, field), getattr(four, field), err_msg=field)
+    # Each device count compiles its own program, so allow float rounding of a few ulp.
+    for field in ("c_train", "c_infer", "j_star", "break_even"):
+        a, b = getattr(one, field), getattr(four, field)
+        np.testing.assert_array_equal(np.isfinite(a), np.isfinite(b), err_msg=field)
+        np.testing.assert_allclose(a, b, rtol=4 * np.finfo(np.float32).eps, err_msg=field)
     assert one.v_train == four.v_train
 
 

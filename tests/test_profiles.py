@@ -7,7 +7,7 @@ import pytest
 from vocabjax.compression import DEFAULT_CURVE, load_compression
 from vocabjax.errors import UserError
 from vocabjax.hardware import BUILTIN_DEVICES, DeviceProfile, load_device, save_device
-from vocabjax.profiles import atomic_directory, atomic_write_json
+from vocabjax.outputs import atomic_directory, atomic_write_json
 from vocabjax.shapes import BUILTIN_SHAPES, load_shape
 from vocabjax.trainprofile import load_training
 from vocabjax.units import parse_float_list, parse_size, parse_size_list

@@ -18,7 +18,7 @@ from serving_testing import HEADS, SEQ_LEN, make_run, scramble
 
 import cli
 from vocabjax.errors import UserError
-from vocabjax.profiles import atomic_write_json
+from vocabjax.outputs import atomic_write_json
 from vocabjax.serving import (
     DEMO_PHASES,
     Engine,

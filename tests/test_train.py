@@ -215,8 +215,8 @@ def test_a_failed_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
         path.write_bytes(b"PK\x03\x04 half a zip")
         raise OSError("disk full")
 
-    monkeypatch.setattr(checkpoint_module, "_write_arrays", half_write)
-    with pytest.raises(OSError, match="disk full"):
+    monkeypatch.setattr(checkpoint_module, "save_npz", half_write)
+    with pytest.raises(UserError, match="cannot write .*checkpoint.*: disk full"):
         save_checkpoint(tmp_path, 2, {"w": 2 * params["w"]}, opt, {"note": "second"})
     ck = load_checkpoint(tmp_path)
     assert ck.step == 1 and ck.meta["note"] == "first"

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from vocabjax.errors import UserError
+from vocabjax.outputs import atomic_write_json
 from vocabjax.profiles import (
     SCHEMA,
-    atomic_write_json,
     check_profile,
     load_json,
     positive_number,

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import numpy as np
 
+from vocabjax import outputs
 from vocabjax.costmodel import CostModel
 from vocabjax.errors import UserError
 from vocabjax.lifecycle import SweepResult
+from vocabjax.outputs import check_file_target
 from vocabjax.render import human_size
 
 
@@ -27,22 +29,17 @@ def _pyplot():
 
 
 def check_plot_path(path: str | os.PathLike) -> Path:
-    """Fail early, before any work, on a figure name matplotlib cannot write."""
+    """Fail early, before any work, on a figure name matplotlib or the file system refuses."""
     path = Path(path)
     if path.suffix.lower() not in (".png", ".svg", ".pdf"):
         raise UserError(f"plot file {str(path)!r} must end in .png, .svg or .pdf")
     _pyplot()
-    return path
+    return check_file_target(path, what="plot file")
 
 
 def save_figure(fig, path: str | os.PathLike) -> Path:
-    """Save through a temporary file and rename, like every other output."""
-    path = check_plot_path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
-    fig.savefig(tmp, dpi=120, bbox_inches="tight")
-    os.replace(tmp, path)
-    return path
+    """Save through a uniquely named temporary file and rename, like every other output."""
+    return outputs.save_figure(fig, check_plot_path(path))
 
 
 def plot_sweep(

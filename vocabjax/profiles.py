@@ -1,97 +1,23 @@
-"""JSON profiles: the schema version, validation with one-line errors, and atomic writes.
+"""JSON profiles: the schema version and reading with one-line errors.
 
 Every file vocabjax writes (device, compression and training profiles, policies, tokenizer
-manifests, checkpoints' metadata) carries ``"schema": 1`` and a ``"kind"``. Writes go to a
-temporary file in the same directory and are renamed into place, so a run killed midway leaves
-the previous file intact and never a half-written one.
+manifests, checkpoints' metadata) carries ``"schema": 1`` and a ``"kind"``; the writing itself
+lives in ``vocabjax.outputs``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
-import shutil
-import tempfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from vocabjax.errors import UserError
+from vocabjax.outputs import SCHEMA
 
-SCHEMA = 1
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file and ``os.replace``."""
-    path = Path(path)
-    if path.parent and not path.parent.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    return path
-
-
-def _check_finite(obj: Any, where: str) -> None:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        raise UserError(f"{where}: refusing to write a non-finite number ({obj})")
-    if isinstance(obj, Mapping):
-        for k, v in obj.items():
-            _check_finite(v, f"{where}.{k}")
-    elif isinstance(obj, list | tuple):
-        for i, v in enumerate(obj):
-            _check_finite(v, f"{where}[{i}]")
-
-
-def dumps(obj: Mapping[str, Any]) -> str:
-    """JSON text of a profile; NaN and infinities are refused rather than written."""
-    _check_finite(obj, "profile")
-    return json.dumps(obj, indent=2, allow_nan=False) + "\n"
-
-
-def atomic_write_json(path: str | os.PathLike, obj: Mapping[str, Any]) -> Path:
-    """Write a profile dict (which must hold ``schema`` and ``kind``) atomically."""
-    if obj.get("schema") != SCHEMA or "kind" not in obj:
-        raise ValueError("a profile needs 'schema': 1 and a 'kind'")
-    return atomic_write_text(path, dumps(obj))
-
-
-@contextlib.contextmanager
-def atomic_directory(path: str | os.PathLike, *, overwrite: bool = True) -> Iterator[Path]:
-    """Build a directory in a temporary sibling and move it into place only on success.
-
-    On any exception the temporary directory is removed and ``path`` is untouched.
-    """
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise UserError(f"{path} exists and is not a directory")
-    if path.exists() and not overwrite:
-        raise UserError(f"{path} already exists")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-    try:
-        yield tmp
-        if path.exists():
-            old = path.with_name(f".{path.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+__all__ = ["SCHEMA", "check_profile", "load_json", "positive_number", "require", "vocab_points"]
 
 
 def load_json(path: str | os.PathLike, kind: str) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 from vocabjax.corpus import BUILTIN, Corpus, default_max_bytes
 from vocabjax.errors import UserError
-from vocabjax.profiles import atomic_write_text
+from vocabjax.outputs import atomic_write_text
 
 FIELDS = ("id", "arrival_s", "prompt", "max_new_tokens", "phase")
 

@@ -13,7 +13,8 @@ import jax
 import numpy as np
 
 from vocabjax.errors import UserError
-from vocabjax.profiles import SCHEMA, atomic_directory, atomic_write_json, load_json
+from vocabjax.outputs import atomic_directory, atomic_write_json, save_npz
+from vocabjax.profiles import SCHEMA, load_json
 
 CHECKPOINT = "checkpoint"
 STATE = "state.npz"
@@ -36,14 +37,9 @@ def save_checkpoint(run_dir: str | Path, step: int, params, opt_state, meta: dic
         arrays[f"opt:{i:06d}"] = np.asarray(leaf)
     path = Path(run_dir) / CHECKPOINT
     with atomic_directory(path) as tmp:
-        _write_arrays(tmp / STATE, arrays)
+        save_npz(tmp / STATE, arrays)
         atomic_write_json(tmp / META, {"schema": SCHEMA, "kind": META_KIND, **meta, "step": step})
     return path
-
-
-def _write_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    with open(path, "wb") as f:
-        np.savez(f, **arrays)
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path | None:

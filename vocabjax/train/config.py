@@ -12,7 +12,8 @@ from typing import Any, Literal
 
 from vocabjax.errors import UserError
 from vocabjax.models import GPTConfig
-from vocabjax.profiles import SCHEMA, atomic_write_json, load_json
+from vocabjax.outputs import atomic_write_json
+from vocabjax.profiles import SCHEMA, load_json
 from vocabjax.shapes import ModelShape, shape_from_mapping
 
 RUN_FILE = "run.json"

@@ -28,7 +28,7 @@ import optax
 import vocabjax
 from vocabjax.corpus import Corpus, open_corpus
 from vocabjax.errors import UserError
-from vocabjax.profiles import atomic_write_json
+from vocabjax.outputs import atomic_write_json
 from vocabjax.train.checkpoint import load_checkpoint, restore, save_checkpoint
 from vocabjax.train.config import RUN_FILE, TOKENIZER_DIR, RunConfig, read_run, write_run
 from vocabjax.train.data import (

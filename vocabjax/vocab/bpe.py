@@ -15,7 +15,7 @@ from typing import Any
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from vocabjax.errors import UserError
-from vocabjax.profiles import atomic_write_text
+from vocabjax.outputs import atomic_write_text
 
 BYTE_ALPHABET = 256  # the byte-level alphabet: one token per byte value
 DEFAULT_SPECIALS: tuple[str, ...] = ("<|endoftext|>",)

@@ -19,7 +19,7 @@ from tokenizers import pre_tokenizers, trainers
 
 import vocabjax
 from vocabjax.errors import UserError
-from vocabjax.profiles import SCHEMA, atomic_directory, atomic_write_json
+from vocabjax.outputs import SCHEMA, atomic_directory, atomic_write_json
 from vocabjax.vocab.bpe import (
     BYTE_ALPHABET,
     DEFAULT_SPECIALS,

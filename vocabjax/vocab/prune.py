@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 
 from vocabjax.corpus import batches
 from vocabjax.errors import UserError
-from vocabjax.profiles import SCHEMA, atomic_directory, atomic_write_json
+from vocabjax.outputs import SCHEMA, atomic_directory, atomic_write_json
 from vocabjax.vocab.bpe import (
     BYTE_ALPHABET,
     bpe_model,
