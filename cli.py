@@ -7,6 +7,7 @@ python cli.py sweep --device h100-sxm --model llama-8b --format json
 from __future__ import annotations
 
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from vocabjax.lifecycle import (
     sweep_rows,
 )
 from vocabjax.lifecycle import sweep as sweep_grid
-from vocabjax.outputs import atomic_write_json
+from vocabjax.outputs import atomic_write_json, check_file_target
 from vocabjax.plan import make_plan, parse_workload, policy_json
 from vocabjax.plots import check_plot_path, plot_sweep
 from vocabjax.serving.controller import DEFAULT_BAND, DEFAULT_WINDOW
@@ -49,6 +50,9 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except UserError as exc:
             raise click.ClickException(str(exc)) from None
+        except OSError as exc:  # a file-system failure no check foresaw: still one line
+            where = f" {exc.filename!r}" if exc.filename else ""
+            raise click.ClickException(f"cannot access{where}: {exc.strerror or exc}") from None
 
 
 class _Parsed(click.ParamType):
@@ -64,6 +68,26 @@ class _Parsed(click.ParamType):
             return value  # a default already parsed, or a value passed from Python
         try:
             return self._parse(value, what=param.name if param else self.name)
+        except UserError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class OutputFile(click.ParamType):
+    """A file the command will write: checked when parsed, so before any work starts
+    (``vocabjax.outputs.check_file_target``; figures by ``plots.check_plot_path``)."""
+
+    name = "file"
+
+    def __init__(self, *, figure: bool = False) -> None:
+        self._figure = figure
+
+    def convert(self, value, param, ctx):
+        from vocabjax.outputs import check_file_target
+
+        try:
+            if self._figure:
+                return str(check_plot_path(value))
+            return str(check_file_target(value, what=param.opts[-1] if param else "output"))
         except UserError as exc:
             self.fail(str(exc), param, ctx)
 
@@ -265,7 +289,7 @@ def _curve_note(curve, vocab) -> None:
     help="lambda = bytes served / bytes trained.",
 )
 @click.option(
-    "--plot", type=click.Path(dir_okay=False), help="Write a figure (.png): V* map, cost vs V."
+    "--plot", type=OutputFile(figure=True), help="Write a figure (.png): V* map, cost vs V."
 )
 @click.option(
     "--break-even",
@@ -283,8 +307,6 @@ def sweep(devices, models, vocab, batch, lam, plot, show_break_even, fmt, **kw):
         python cli.py sweep --device a10g --device h100-sxm --model llama-8b --format markdown
         python cli.py sweep --cost-model weights-only --plot vstar.png
     """
-    if plot:
-        check_plot_path(plot)
     grid = Grid(vocab=tuple(vocab), batch=tuple(batch), lam=tuple(lam))
     check_grid_fits(grid)
     built, quality, curve = _build_models(devices, models, **kw)
@@ -363,7 +385,7 @@ def sweep(devices, models, vocab, batch, lam, plot, show_break_even, fmt, **kw):
     show_default=True,
     help="Largest number of nested heads to consider.",
 )
-@click.option("--out", type=click.Path(dir_okay=False), help="Write the policy JSON for `serve`.")
+@click.option("--out", type=OutputFile(), help="Write the policy JSON for `serve`.")
 @format_option
 def plan(devices, models, vocab, workload, lam, max_heads, out, fmt, **kw):
     """Best single V and best nested heads for a mixed workload; writes policy.json.
@@ -491,6 +513,11 @@ def _corpus_options(split: str):
     return decorate
 
 
+def _corpus_inputs(corpus_spec) -> tuple[str, ...]:
+    """The corpus path an output directory must not replace (none for builtin or a glob)."""
+    return (corpus_spec,) if os.path.exists(corpus_spec) else ()
+
+
 def _open_corpus(corpus_spec, field, held_out, max_bytes):
     from vocabjax.corpus import default_max_bytes, open_corpus
 
@@ -514,6 +541,9 @@ def _open_corpus(corpus_spec, field, held_out, max_bytes):
     help="Output directory: manifest.json and v<V>/tokenizer.json per level.",
 )
 @click.option(
+    "--force", is_flag=True, help="Replace --out even if it holds files that are not levels."
+)
+@click.option(
     "--special",
     "specials",
     multiple=True,
@@ -522,7 +552,9 @@ def _open_corpus(corpus_spec, field, held_out, max_bytes):
     help="Special token (ids 0..); repeatable.",
 )
 @format_option
-def tokenizer_train(corpus_spec, field, split, held_out, max_bytes, vocab, out, specials, fmt):
+def tokenizer_train(
+    corpus_spec, field, split, held_out, max_bytes, vocab, out, force, specials, fmt
+):
     """Train one byte-level BPE at the largest size and cut every smaller level from it.
 
     \b
@@ -530,14 +562,15 @@ def tokenizer_train(corpus_spec, field, split, held_out, max_bytes, vocab, out, 
         python cli.py tokenizer train --corpus builtin --vocab 8k,16k,32k --out tok
         python cli.py tokenizer train --corpus 'data/*.jsonl.zst' --vocab 32k,262k --out tok
     """
-    from vocabjax.vocab import check_vocab_sizes, save_nested, train_nested
+    from vocabjax.vocab import check_nested_out, check_vocab_sizes, save_nested, train_nested
 
     check_vocab_sizes(vocab, specials)
+    check_nested_out(out, force=force, inputs=_corpus_inputs(corpus_spec))
     corpus = _open_corpus(corpus_spec, field, held_out, max_bytes)
     log(f"corpus: {corpus.describe(split)}")
     nested = train_nested(corpus.texts(split, progress=log), vocab, specials=specials, progress=log)
     source = f"tokenizer train --corpus {corpus_spec} --vocab {','.join(map(str, vocab))}"
-    manifest = save_nested(nested, out, corpus=corpus.describe(split), source=source)
+    manifest = save_nested(nested, out, corpus=corpus.describe(split), source=source, force=force)
     log(f"wrote {len(manifest['levels'])} level(s) to {out}")
     if fmt == "json":
         emit(render.json_text(manifest))
@@ -558,7 +591,7 @@ def tokenizer_train(corpus_spec, field, split, held_out, max_bytes, vocab, out, 
 @_corpus_options("heldout")
 @click.option(
     "--out",
-    type=click.Path(dir_okay=False),
+    type=OutputFile(),
     help="Write the compression profile here (for sweep --compression).",
 )
 @format_option
@@ -629,8 +662,11 @@ def tokenizer_measure(specs, corpus_spec, field, split, held_out, max_bytes, out
     required=True,
     help="Output directory: tokenizer.json and id_map.json (new id -> source id).",
 )
+@click.option(
+    "--force", is_flag=True, help="Replace --out even if it holds files that are not a pruning."
+)
 @format_option
-def tokenizer_prune(spec, corpus_spec, field, split, held_out, max_bytes, vocab, out, fmt):
+def tokenizer_prune(spec, corpus_spec, field, split, held_out, max_bytes, vocab, out, force, fmt):
     """Prune a byte-level BPE to exactly N tokens, keeping those most used on a corpus.
 
     A kept token keeps the merges that build it; a dropped one takes every merge that makes or
@@ -640,14 +676,22 @@ def tokenizer_prune(spec, corpus_spec, field, split, held_out, max_bytes, vocab,
     Example:
         python cli.py tokenizer prune --tokenizer tok --corpus builtin --vocab 4k --out tok-4k
     """
-    from vocabjax.vocab import load_largest, prune_to_dir
+    from vocabjax.vocab import check_prune_out, load_largest, prune_to_dir
 
     source = load_largest(spec)
+    inputs = (spec, *_corpus_inputs(corpus_spec))
+    check_prune_out(out, source=source.path, force=force, inputs=inputs)
     corpus = _open_corpus(corpus_spec, field, held_out, max_bytes)
     label = corpus.describe(split)
     log(f"pruning {source.path} ({source.vocab} tokens) to {vocab} on {label}")
     meta = prune_to_dir(
-        source, corpus.texts(split, progress=log), vocab, out, corpus=label, progress=None
+        source,
+        corpus.texts(split, progress=log),
+        vocab,
+        out,
+        corpus=label,
+        progress=None,
+        force=force,
     )
     log(f"wrote {out}/tokenizer.json and {out}/id_map.json")
     if fmt == "json":
@@ -1036,7 +1080,7 @@ def _timing_columns(t: dict) -> dict:
 )
 @click.option(
     "--save-trace",
-    type=click.Path(dir_okay=False),
+    type=OutputFile(),
     help="Also write the served trace (the demo's, say) as JSONL for --trace.",
 )
 @click.option(
@@ -1088,7 +1132,7 @@ def _timing_columns(t: dict) -> dict:
     help="Seed of the demo trace and of sampling.",
 )
 @click.option(
-    "--plot", type=click.Path(dir_okay=False), help="Write a figure (.png): head and BPB over time."
+    "--plot", type=OutputFile(figure=True), help="Write a figure (.png): head and BPB over time."
 )
 @format_option
 def serve(run_dir, policy, trace, demo, save_trace, plot, fmt, **options):
@@ -1120,8 +1164,6 @@ def serve(run_dir, policy, trace, demo, save_trace, plot, fmt, **options):
 
     if trace and demo:
         raise UserError("give --trace FILE or --demo, not both")
-    if plot:
-        check_plot_path(plot)
     sampling = Sampling(options["temperature"], options["top_k"], options["seed"])
     config = ServeConfig(
         max_batch=options["max_batch"],
@@ -1266,7 +1308,7 @@ def _op_list(ctx, param, value):
 @click.option("--quick", is_flag=True, help="Small grid and fewer repeats: minutes on a CPU.")
 @click.option(
     "--out",
-    type=click.Path(dir_okay=False),
+    type=OutputFile(),
     help="Device profile to write (atomically) [default: profiles/<device>.json].",
 )
 @format_option
@@ -1283,6 +1325,7 @@ def autotune(vocab, batch, d_model, dtype, ops, quick, out, fmt):
     from vocabjax.hardware import save_device
 
     settings = at.Settings.quick() if quick else at.Settings()
+    out = out or str(check_file_target(at.default_out(), what="--out"))
     run = at.autotune(
         vocabs=vocab or (at.QUICK_VOCABS if quick else at.DEFAULT_VOCABS),
         batches=batch or (at.QUICK_BATCHES if quick else at.DEFAULT_BATCHES),
@@ -1292,7 +1335,7 @@ def autotune(vocab, batch, d_model, dtype, ops, quick, out, fmt):
         settings=settings,
         progress=log,
     )
-    path = save_device(run.profile, out or at.default_out())
+    path = save_device(run.profile, out)
     log(
         f"wrote {path} ({len(run.profile.kernels)} timings, {len(run.failures)} failed checks, "
         f"{len(run.unconfirmed)} winners not confirmed against xla, {run.seconds:.0f} s)"

@@ -38,6 +38,7 @@ import numpy as np  # noqa: E402
 from vocabjax import autotune as at  # noqa: E402
 from vocabjax import render, unembed  # noqa: E402
 from vocabjax.hardware import save_device  # noqa: E402
+from vocabjax.outputs import atomic_write_text  # noqa: E402
 
 
 def say(msg: str) -> None:
@@ -285,7 +286,7 @@ def main(argv=None) -> int:
         report["goals"] = goal_rows
     report["seconds"] = time.perf_counter() - t0
 
-    (out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    atomic_write_text(out / "gpu_check.json", json.dumps(report, indent=2, default=str) + "\n")
     md = [f"# gpu_check: {header}", "", "## Pallas kernels against their references", ""]
     md.append(
         render.markdown(kernel_rows, ["kernel", "shape", "dtype", "max_abs_err", "ok", "error"])
@@ -308,7 +309,7 @@ def main(argv=None) -> int:
             render.markdown(goal_rows) if goal_rows else "(no pallas timings)",
         ]
     md += ["", f"total {report['seconds']:.0f} s"]
-    (out / "gpu_check.md").write_text("\n".join(md) + "\n")
+    atomic_write_text(out / "gpu_check.md", "\n".join(md) + "\n")
 
     n_bad = sum(not r.get("ok") for r in kernel_rows) + sum(
         not r["ok"] for r in report["public_ops"]

@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 from vocabjax import render  # noqa: E402
 from vocabjax.compression import DEFAULT_CURVE  # noqa: E402
 from vocabjax.corpus import BUILTIN, open_corpus  # noqa: E402
-from vocabjax.outputs import atomic_write_text  # noqa: E402
+from vocabjax.outputs import atomic_write_text, save_figure  # noqa: E402
 from vocabjax.units import parse_size, parse_size_list  # noqa: E402
 from vocabjax.vocab import (  # noqa: E402
     LoadedTokenizer,
@@ -201,7 +201,7 @@ def write_doc(results, command: str, png: Path, md: Path) -> None:
     ax.legend(fontsize=7)
     fig.text(0.01, 0.005, command, fontsize=6, family="monospace")
     fig.tight_layout(rect=(0, 0.03, 1, 1))
-    fig.savefig(png, dpi=130)
+    save_figure(fig, png, dpi=130)
 
 
 def main() -> None:

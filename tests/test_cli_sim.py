@@ -203,7 +203,11 @@ def test_sweep_with_a_profile_file_and_a_plot(tmp_path):
             "Error: --bpb-tolerance needs --training with measured bpb",
         ),
         (["--output-bytes", "0"], 1, "Error: output_bytes must be > 0, got 0.0"),
-        (["--plot", "x.gif"], 1, "Error: plot file 'x.gif' must end in .png, .svg or .pdf"),
+        (
+            ["--plot", "x.gif"],
+            2,
+            "Error: Invalid value for '--plot': plot file 'x.gif' must end in .png, .svg or .pdf",
+        ),
     ],
 )
 def test_sweep_errors(args, code, line):

@@ -14,6 +14,8 @@ The promises (docs/reliability.md):
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import json
 import math
 import os
@@ -130,7 +132,8 @@ def check_output_dir(
         raise UserError(f"{what} directory {str(path)!r} exists and is not a directory")
     if path.is_dir():
         try:
-            empty = not any(os.scandir(path))
+            with os.scandir(path) as entries:
+                empty = not any(entries)
         except OSError as exc:
             raise os_error(exc, path, doing="read") from None
         if not empty and not force and _marker_kind(path, marker) != kind:
@@ -142,6 +145,46 @@ def check_output_dir(
     else:
         _check_parent(path)
     return path
+
+
+def _commit_file(tmp: str | Path, path: Path) -> None:
+    os.replace(tmp, path)
+
+
+_RENAME_EXCHANGE = 2  # linux/fs.h
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one step (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd = -100
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _commit_dir(tmp: Path, path: Path) -> None:
+    """Put the finished ``tmp`` at ``path``. A previous ``path`` is swapped out in one step
+    where the system can; elsewhere it waits at ``.NAME.old`` between two renames (readers such
+    as train.checkpoint fall back to it after a kill between them)."""
+    if not path.exists():
+        os.replace(tmp, path)
+        return
+    if _exchange(tmp, path):
+        shutil.rmtree(tmp, ignore_errors=True)  # now the previous output
+        return
+    old = path.with_name(f".{path.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    os.replace(path, old)
+    os.replace(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _mkdirs(directory: Path, target: Path) -> None:
@@ -170,7 +213,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) ->
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
+        _commit_file(tmp, path)
     except OSError as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -245,16 +288,7 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
         raise os_error(exc, path) from None
     try:
         yield tmp
-        if path.exists():
-            # The previous output waits at .NAME.old until the new one is in place (readers
-            # such as train.checkpoint fall back to it after a kill between the two renames).
-            old = path.with_name(f".{path.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
+        _commit_dir(tmp, path)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise os_error(exc, path) from None

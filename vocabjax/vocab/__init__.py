@@ -24,12 +24,20 @@ from vocabjax.vocab.measure import (
 from vocabjax.vocab.nested import (
     MANIFEST,
     NestedBPE,
+    check_nested_out,
     check_vocab_sizes,
     minimum_vocab,
     save_nested,
     train_nested,
 )
-from vocabjax.vocab.prune import ID_MAP, Pruned, count_usage, prune, prune_to_dir
+from vocabjax.vocab.prune import (
+    ID_MAP,
+    Pruned,
+    check_prune_out,
+    count_usage,
+    prune,
+    prune_to_dir,
+)
 
 __all__ = [
     "BYTE_ALPHABET",
@@ -40,6 +48,8 @@ __all__ = [
     "LoadedTokenizer",
     "NestedBPE",
     "Pruned",
+    "check_nested_out",
+    "check_prune_out",
     "check_vocab_sizes",
     "compression_profile",
     "count_usage",

@@ -19,7 +19,7 @@ from tokenizers import pre_tokenizers, trainers
 
 import vocabjax
 from vocabjax.errors import UserError
-from vocabjax.outputs import SCHEMA, atomic_directory, atomic_write_json
+from vocabjax.outputs import SCHEMA, atomic_directory, atomic_write_json, check_output_dir
 from vocabjax.vocab.bpe import (
     BYTE_ALPHABET,
     DEFAULT_SPECIALS,
@@ -163,14 +163,27 @@ def _check_layout(data: Mapping[str, Any], specials: Sequence[str]) -> None:
         raise RuntimeError("the BPE trainer's merges do not add one token each, in id order")
 
 
+def check_nested_out(
+    out: str | os.PathLike, *, force: bool = False, inputs: Iterable[str | os.PathLike] = ()
+) -> Path:
+    """Refuse, before training, an ``out`` that holds anything but earlier levels (unless
+    ``force``) or that is one of the ``inputs`` (the corpus)."""
+    return check_output_dir(
+        out, marker=MANIFEST, kind=MANIFEST_KIND, what="tokenizer", force=force, inputs=inputs
+    )
+
+
 def save_nested(
     nested: NestedBPE,
     out: str | os.PathLike,
     *,
     corpus: str,
     source: str = "",
+    force: bool = False,
 ) -> dict[str, Any]:
-    """Write every level and ``manifest.json`` into ``out`` atomically; returns the manifest."""
+    """Write every level and ``manifest.json`` into ``out`` atomically; returns the manifest.
+    ``out`` is checked as ``check_nested_out`` does."""
+    check_nested_out(out, force=force)
     levels = []
     with atomic_directory(out) as tmp:
         for vocab in nested.vocab_sizes:

@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 
 from vocabjax.corpus import batches
 from vocabjax.errors import UserError
-from vocabjax.outputs import SCHEMA, atomic_directory, atomic_write_json
+from vocabjax.outputs import SCHEMA, atomic_directory, atomic_write_json, check_output_dir
 from vocabjax.vocab.bpe import (
     BYTE_ALPHABET,
     bpe_model,
@@ -166,6 +166,25 @@ PRUNE_KIND = "vocab_prune"
 ID_MAP = "id_map.json"
 
 
+def check_prune_out(
+    out: str | os.PathLike,
+    *,
+    source: str | os.PathLike,
+    force: bool = False,
+    inputs: Iterable[str | os.PathLike] = (),
+) -> Path:
+    """Refuse, before counting, an ``out`` that holds anything but an earlier pruned tokenizer
+    (unless ``force``), or that is the ``source`` tokenizer or another of the ``inputs``."""
+    return check_output_dir(
+        out,
+        marker=ID_MAP,
+        kind=PRUNE_KIND,
+        what="pruned tokenizer",
+        force=force,
+        inputs=(source, *inputs),
+    )
+
+
 def prune_to_dir(
     source: LoadedTokenizer,
     texts: Iterable[str],
@@ -174,10 +193,13 @@ def prune_to_dir(
     *,
     corpus: str,
     progress: Callable[[str], None] | None = None,
+    force: bool = False,
 ) -> dict[str, Any]:
     """Count use on ``texts``, prune ``source`` to ``vocab`` tokens and write ``out`` atomically:
     ``tokenizer.json`` (+ ``tokenizer_config.json``) and ``id_map.json`` with ``new_to_old``.
-    Returns the id map's metadata (without the map)."""
+    ``out`` is checked as ``check_prune_out`` does. Returns the id map's metadata (without the
+    map)."""
+    check_prune_out(out, source=source.path, force=force)
     data = source.to_json()
     # Check sizes before reading the corpus, so a bad --vocab fails at once.
     bpe_model(data, where=source.path)
