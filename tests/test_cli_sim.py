@@ -274,14 +274,6 @@ def test_plan_writes_a_policy(tmp_path):
             "Error: workload shares sum to 0.4; they must sum to 1",
         ),
         (
-            ["--workload", "edge:b=1:share=1", "--lam", "nan"],
-            "Error: --lam must be a finite number >= 0, got nan",
-        ),
-        (
-            ["--workload", "edge:b=1:share=1", "--lam", "-2"],
-            "Error: --lam must be a finite number >= 0, got -2.0",
-        ),
-        (
             ["--workload", "e:b=1:share=1", "--lam", "1", "--device", "a10g", "--device", "l4"],
             "Error: plan takes one --device and one --model",
         ),
@@ -379,3 +371,139 @@ def test_plan_options(tmp_path):
     assert uncapped["routes"][0]["fits"] is False
     md = run("plan", "--workload", "e:b=1:share=1", "--lam", "1", "--format", "markdown")
     assert md.exit_code == 0 and "| name | batch |" in md.output
+
+
+# ---- out-of-range and unreadable inputs: one Error line, never a traceback -------------------
+
+NINES = "9" * 400
+
+
+def _one_error_line(out) -> str:
+    """The output's single ``Error:`` line, after checking there is no traceback."""
+    assert "Traceback" not in out.output
+    assert out.exception is None or isinstance(out.exception, SystemExit), out.exception
+    errors = [line for line in out.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1, out.output
+    return errors[0]
+
+
+@pytest.mark.parametrize(
+    "args, code, line",
+    [
+        (
+            ["sweep", "--vocab", "1"],
+            2,
+            "Error: Invalid value for '--vocab': vocab 1 is out of range 2..2147483647",
+        ),
+        (
+            ["sweep", "--vocab", "1" + "0" * 21],
+            2,
+            "Error: Invalid value for '--vocab': vocab 1000000000000000000000 is out of range "
+            "2..2147483647",
+        ),
+        (
+            ["sweep", "--vocab", "1000000000000g"],
+            2,
+            "Error: Invalid value for '--vocab': vocab 1073741824000000000000 is out of range "
+            "2..2147483647",
+        ),
+        (
+            ["sweep", "--vocab", "1e21"],
+            2,
+            "Error: Invalid value for '--vocab': vocab '1e21' is not a size "
+            "(examples: 8k, 65536, 262k, 1m)",
+        ),
+        (
+            ["sweep", "--vocab", f"8k,{NINES}"],
+            2,
+            "Error: Invalid value for '--vocab': vocab 999999...(400 digits) is out of range "
+            "2..2147483647",
+        ),
+        (
+            ["sweep", "--batch", str(2**24 + 1)],
+            2,
+            "Error: Invalid value for '--batch': batch 16777217 is out of range 1..16777216",
+        ),
+        (
+            ["sweep", "--lam", "0,1e13"],
+            2,
+            "Error: Invalid value for '--lam': lam must be <= 1e+12, got '1e13'",
+        ),
+        (
+            ["sweep", "--lam", NINES],
+            2,
+            "Error: Invalid value for '--lam': lam must be finite, got '9999999999999999'... "
+            "(400 characters)",
+        ),
+        (
+            ["sweep", "--prompt-bytes", "1e300"],
+            2,
+            "Error: Invalid value for '--prompt-bytes': prompt_bytes must be <= 1125899906842624, "
+            "got '1e300'",
+        ),
+        (
+            ["sweep", "--output-bytes", "nan"],
+            2,
+            "Error: Invalid value for '--output-bytes': output_bytes must be finite, got 'nan'",
+        ),
+        (
+            ["plan", "--workload", "a:b=1:share=1", "--lam", "1", "--vocab", "1"],
+            2,
+            "Error: Invalid value for '--vocab': vocab 1 is out of range 2..2147483647",
+        ),
+        (
+            ["plan", "--workload", "a:b=1:b=64:share=1", "--lam", "1"],
+            1,
+            "Error: workload class 'a' gives b= twice ('b=1' and 'b=64')",
+        ),
+        (
+            ["plan", "--workload", f"a:b={NINES}:share=1", "--lam", "1"],
+            1,
+            "Error: workload 'a' batch 999999...(400 digits) is out of range 1..16777216",
+        ),
+        (
+            ["plan", "--workload", "a:b=1:share=nan", "--lam", "1"],
+            1,
+            "Error: workload class 'a': share='nan' is out of range 0..1",
+        ),
+        (
+            ["plan", "--workload", "a:b=1:share=1", "--lam", "1e13"],
+            2,
+            "Error: Invalid value for '--lam': lam must be <= 1e+12, got '1e13'",
+        ),
+        (
+            ["plan", "--workload", "a:b=1:share=1", "--lam", "nan"],
+            2,
+            "Error: Invalid value for '--lam': lam must be finite, got 'nan'",
+        ),
+        (
+            ["plan", "--workload", "a:b=1:share=1", "--lam", "-2"],
+            2,
+            "Error: Invalid value for '--lam': lam must be >= 0, got '-2'",
+        ),
+    ],
+)
+def test_out_of_range_inputs_are_one_error_line(args, code, line):
+    out = run(*args)
+    assert out.exit_code == code, out.output
+    assert _one_error_line(out) == line
+
+
+def test_a_corpus_that_fails_while_read_is_one_error_line(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    from vocabjax import corpus
+
+    path = tmp_path / "x.txt"
+    path.write_text("some text\n" * 100, encoding="utf-8")
+
+    def failing_open(file, *args, **kwargs):
+        raise OSError(errno.EIO, os.strerror(errno.EIO), str(file))
+
+    monkeypatch.setattr(corpus, "open", failing_open, raising=False)
+    out = run(
+        "tokenizer", "train", "--corpus", str(path), "--vocab", "300", "--out", str(tmp_path / "t")
+    )
+    assert out.exit_code == 1, out.output
+    assert _one_error_line(out) == f"Error: cannot read '{path}': Input/output error"

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import errno
 import gzip
+import io
 import json
 import os
 import sys
 import sysconfig
+from pathlib import Path
 
 import pytest
 
+from vocabjax import corpus as corpus_module
 from vocabjax.corpus import BUILTIN_LABEL, batches, is_held_out, open_corpus, read_file
 from vocabjax.errors import UserError
 
@@ -189,3 +193,76 @@ def test_bad_arguments():
         open_corpus("builtin", held_out=1.5)
     with pytest.raises(UserError, match="max_bytes=0 must be positive"):
         open_corpus("builtin", max_bytes=0)
+
+
+# ---- OS errors while listing or reading: one UserError naming the file ----------------------
+
+
+class _FailingRaw(io.RawIOBase):
+    """A file whose reads fail as a failing disk does (EIO), after ``good`` bytes."""
+
+    def __init__(self, good: bytes = b"") -> None:
+        self._good = good
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        if self._good:
+            n = min(len(buffer), len(self._good))
+            buffer[:n], self._good = self._good[:n], self._good[n:]
+            return n
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+
+@pytest.mark.parametrize("name", ["a.txt", "a.jsonl"])
+@pytest.mark.parametrize("when", ["open", "read"])
+def test_io_errors_name_the_file(tmp_path, monkeypatch, name, when):
+    path = tmp_path / name
+    path.write_text('{"text": "a document"}\n', encoding="utf-8")
+
+    def failing_open(file, mode="r", *args, **kwargs):
+        if when == "open":
+            raise OSError(errno.EIO, os.strerror(errno.EIO), str(file))
+        return io.BufferedReader(_FailingRaw(b'{"text": "first"}\n' * 3))
+
+    corpus = open_corpus(path)
+    monkeypatch.setattr(corpus_module, "open", failing_open, raising=False)
+    with pytest.raises(UserError) as info:
+        list(corpus.documents())
+    assert str(info.value) == f"cannot read '{path}': Input/output error"
+
+
+def test_a_directory_where_a_file_is_expected(tmp_path):
+    (tmp_path / "d.txt").mkdir()
+    with pytest.raises(UserError) as info:
+        list(read_file(tmp_path / "d.txt"))
+    assert str(info.value) == f"cannot read '{tmp_path / 'd.txt'}': Is a directory"
+
+
+def test_errors_while_listing_name_the_directory(tmp_path, monkeypatch):
+    (tmp_path / "a.txt").write_text("text", encoding="utf-8")
+
+    def failing_rglob(self, pattern):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+
+    monkeypatch.setattr(Path, "rglob", failing_rglob)
+    with pytest.raises(UserError) as info:
+        open_corpus(tmp_path)
+    assert str(info.value) == f"cannot read '{tmp_path}': Permission denied"
+
+
+def _proc_mem_fails() -> bool:
+    try:
+        with open("/proc/self/mem", "rb") as f:
+            f.read(1)
+    except OSError:
+        return True
+    return False
+
+
+@pytest.mark.skipif(not _proc_mem_fails(), reason="needs /proc/self/mem, whose read fails (EIO)")
+def test_proc_self_mem_is_one_error():
+    # a regular file by stat whose first read fails: EIO without any set-up, and no wait
+    with pytest.raises(UserError, match=r"^cannot read '/proc/self/mem': Input/output error$"):
+        list(open_corpus("/proc/self/mem").documents())

@@ -156,6 +156,24 @@ def test_an_unwritable_output_fails_before_any_work(command, tmp_path, monkeypat
         assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
+def test_train_checks_its_run_directory_before_any_work(tmp_path, monkeypatch):
+    from vocabjax.train import run as run_module
+
+    def no_work(*a, **kw):
+        raise AssertionError("training started before the run directory was checked")
+
+    monkeypatch.setattr(run_module._Session, "prepare", no_work)
+    regular = tmp_path / "file"
+    regular.write_text("x")
+    cases = [
+        (str(regular / "run"), r"/file' is not a directory"),
+        ("/proc/vocabjax-run", "cannot write '/proc/vocabjax-run'"),
+    ]
+    for path, message in cases:
+        one_error(invoke("train", "--steps", "1", "--out", path), message, code=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
 def test_an_immutable_directory_is_one_error_line(tmp_path):
     locked = tmp_path / "locked"
     locked.mkdir()

@@ -83,7 +83,7 @@ def test_a_trace_is_read_sorted_by_arrival_with_default_ids(tmp_path):
         ({"arrival_s": -1, "prompt": "x"}, "arrival_s must be finite and >= 0, got -1"),
         ({"arrival_s": "1", "prompt": "x"}, "arrival_s must be a number of seconds, got '1'"),
         ({"arrival_s": True, "prompt": "x"}, "arrival_s must be a number of seconds, got True"),
-        ('{"arrival_s": NaN, "prompt": "x"}', "arrival_s must be finite and >= 0, got nan"),
+        ('{"arrival_s": NaN, "prompt": "x"}', "NaN is not a number vocabjax reads"),
         ({"arrival_s": 0, "prompt": ""}, "prompt must be non-empty text"),
         ({"arrival_s": 0, "prompt": 3}, "prompt must be non-empty text, got 3"),
         ({"arrival_s": 0, "prompt": "x", "max_new_tokens": 0}, "max_new_tokens must be a"),

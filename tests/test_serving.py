@@ -249,5 +249,5 @@ def test_head_choice_by_option_and_by_policy(tmp_path):
                     '"head": 300}, {"max_batch": null, "head": 500}]}')  # fmt: skip
     assert load_policy(path) == [(4, 300), (None, 500)]
     path.write_text('{"schema": 1, "kind": "policy", "batch_routes": [{"head": "x"}]}')
-    with pytest.raises(UserError, match="a batch route must be"):
+    with pytest.raises(UserError, match=r"batch_routes\[0\].head must be a positive integer"):
         load_policy(path)

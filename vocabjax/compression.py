@@ -16,8 +16,12 @@ from typing import Any
 import jax.numpy as jnp
 
 from vocabjax.errors import UserError
-from vocabjax.profiles import SCHEMA, load_json, positive_number, vocab_points
+from vocabjax.profiles import SCHEMA, load_json, one_of, positive_number, text, vocab_points
 from vocabjax.xp import interp
+
+# A token of more than a megabyte is no tokenizer's (the longest BPE tokens are tens of bytes);
+# beta enters the float32 cost grids, where 1e300 is already infinite and every cell would be null.
+MAX_BYTES_PER_TOKEN = 1e6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +39,11 @@ class CompressionCurve:
         if any(b <= a for a, b in zip(self.vocab, self.vocab[1:], strict=False)):
             raise UserError(f"compression curve {self.name!r}: vocab sizes must increase")
         for v, beta in zip(self.vocab, self.bytes_per_token, strict=True):
-            positive_number(beta, where=f"compression curve {self.name!r} at V={v}")
+            positive_number(
+                beta,
+                where=f"compression curve {self.name!r}: bytes_per_token at V={v}",
+                maximum=MAX_BYTES_PER_TOKEN,
+            )
         drops = [
             (a, b)
             for (a, x), (b, y) in zip(
@@ -80,19 +88,29 @@ class CompressionCurve:
 
     @classmethod
     def from_json(cls, data: dict[str, Any], *, where: str) -> CompressionCurve:
-        unit = data.get("unit", "bytes_per_token")
-        if unit != "bytes_per_token":
-            raise UserError(f"{where}: unit {unit!r} is not bytes_per_token")
+        """A ``kind: compression`` profile: ``points`` of ``vocab`` and ``bytes_per_token``
+        (in (0, MAX_BYTES_PER_TOKEN]); other fields of a point (``tokenizer measure``'s counts
+        and intervals) are the measurement's record and are not read."""
+        one_of(data.get("unit", "bytes_per_token"), ("bytes_per_token",), where=f"{where}: unit")
         rows = [
-            (p["vocab"], positive_number(p["bytes_per_token"], where=at))
+            (
+                p["vocab"],
+                positive_number(
+                    p["bytes_per_token"],
+                    where=f"{at}.bytes_per_token",
+                    maximum=MAX_BYTES_PER_TOKEN,
+                ),
+            )
             for at, p in vocab_points(data, ("bytes_per_token",), where=where)
         ]
         rows.sort()
+        if len({v for v, _ in rows}) != len(rows):
+            raise UserError(f"{where}: two points have the same vocab")
         return cls(
-            name=str(data.get("corpus", where)),
+            name=text(data.get("corpus", where), where=f"{where}: corpus"),
             vocab=tuple(v for v, _ in rows),
             bytes_per_token=tuple(b for _, b in rows),
-            source=str(data.get("source", where)),
+            source=text(data.get("source", where), where=f"{where}: source"),
         )
 
 

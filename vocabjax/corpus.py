@@ -235,6 +235,13 @@ def _kind(path: Path) -> tuple[str, str]:
 
 
 def _resolve(spec: str) -> list[Path]:
+    try:
+        return _list_files(spec)
+    except OSError as exc:  # an unreadable directory or a failing disk while listing
+        raise _cannot_read(exc.filename or spec, exc) from None
+
+
+def _list_files(spec: str) -> list[Path]:
     if any(ch in spec for ch in "*?["):
         files = sorted(Path(p) for p in glob.glob(spec, recursive=True) if Path(p).is_file())
         if not files:
@@ -289,14 +296,15 @@ def _decode_errors() -> tuple[type[BaseException], ...]:
 
 
 def read_file(path: Path, *, field: str = "text", max_document_bytes: int = MIB) -> Iterator[str]:
-    """The documents of one corpus file, streamed; format problems are one UserError line."""
+    """The documents of one corpus file, streamed; format problems and OS errors while reading
+    are one UserError line."""
     fmt, compression = _kind(path)
-    if fmt == "parquet":
-        if compression:
-            raise UserError(f"{path}: compressed parquet files are not read; parquet compresses")
-        yield from _read_parquet(path, field)
-        return
+    if fmt == "parquet" and compression:
+        raise UserError(f"{path}: compressed parquet files are not read; parquet compresses")
     try:
+        if fmt == "parquet":
+            yield from _read_parquet(path, field)
+            return
         with _open_binary(path, compression) as raw:
             text_io = io.TextIOWrapper(raw, encoding="utf-8", errors="strict", newline="")
             if fmt == "jsonl":
@@ -305,8 +313,14 @@ def read_file(path: Path, *, field: str = "text", max_document_bytes: int = MIB)
                 yield from _read_text(text_io, path, max_document_bytes)
     except UnicodeDecodeError as exc:
         raise NotText(f"{path} is not UTF-8 text ({exc.reason})") from None
-    except _decode_errors() as exc:
+    except _decode_errors() as exc:  # before OSError: gzip.BadGzipFile is one
         raise UserError(f"{path} is not a valid {compression or 'text'} file ({exc})") from None
+    except OSError as exc:  # EIO, EISDIR, EACCES, a file removed while listed, ...
+        raise _cannot_read(path, exc) from None
+
+
+def _cannot_read(path: str | Path, exc: OSError) -> UserError:
+    return UserError(f"cannot read {str(path)!r}: {exc.strerror or exc}")
 
 
 def _check_not_binary(chunk: str, path: Path) -> None:

@@ -18,10 +18,19 @@ from vocabjax.errors import UserError
 from vocabjax.outputs import atomic_write_json
 from vocabjax.profiles import (
     SCHEMA,
+    VOCAB_MAX,
+    a_list,
+    an_object,
+    boolean,
     check_profile,
+    closed,
+    field_name,
+    integer,
     load_json,
+    one_of,
     positive_number,
     require,
+    text,
 )
 
 Dtype = Literal["bf16", "f32"]
@@ -32,6 +41,26 @@ TFLOPS = 1e12
 GBPS = 1e9
 GB = 1e9
 GIB = 1024**3
+
+
+KERNEL_IMPLS: tuple[str, ...] = ("xla", "chunked", "pallas")
+_DIM_MAX = 2**31 - 1  # batch rows and d_model enter jax shapes as int32
+
+
+def _blocks(value: Any, *, where: str) -> dict[str, int]:
+    """A kernel row's tile sizes: names to positive integers (``tiled``, which Pallas decode
+    kernel the row ran, 0 or 1). Which names a tile class takes is checked where the class is
+    built (``vocabjax.unembed``)."""
+    blocks = an_object(value, where=where)
+    return {
+        str(k): integer(
+            v,
+            where=f"{where}.{field_name(k)}",
+            minimum=0 if k == "tiled" else 1,
+            maximum=1 if k == "tiled" else _DIM_MAX,
+        )
+        for k, v in blocks.items()
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,30 +79,23 @@ class KernelTiming:
 
     @classmethod
     def from_json(cls, row: Any, *, where: str) -> KernelTiming:
-        if not isinstance(row, Mapping):
-            raise UserError(f"{where} must be an object")
+        row = an_object(row, where=where)
+        closed(row, KERNEL_FIELDS, where=where)
         require(row, ("op", "vocab", "batch", "d_model", "dtype", "impl", "time_s"), where=where)
-        ints = {}
-        for key in ("vocab", "batch", "d_model"):
-            value = row[key]
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise UserError(f"{where}.{key} must be a positive integer, got {value!r}")
-            ints[key] = value
-        blocks = row.get("blocks") or {}
-        if not isinstance(blocks, Mapping):
-            raise UserError(f"{where}.blocks must be an object")
         return cls(
-            op=str(row["op"]),
-            dtype=str(row["dtype"]),
-            impl=str(row["impl"]),
-            blocks={str(k): int(v) for k, v in blocks.items()},
+            op=text(row["op"], where=f"{where}.op", empty=False),
+            vocab=integer(row["vocab"], where=f"{where}.vocab", maximum=VOCAB_MAX),
+            batch=integer(row["batch"], where=f"{where}.batch", maximum=_DIM_MAX),
+            d_model=integer(row["d_model"], where=f"{where}.d_model", maximum=_DIM_MAX),
+            dtype=one_of(row["dtype"], DTYPES, where=f"{where}.dtype"),
+            impl=one_of(row["impl"], KERNEL_IMPLS, where=f"{where}.impl"),
+            blocks=_blocks(row.get("blocks", {}), where=f"{where}.blocks"),
             time_s=positive_number(row["time_s"], where=f"{where}.time_s"),
             roofline_fraction=positive_number(
                 row.get("roofline_fraction", 0.0),
                 where=f"{where}.roofline_fraction",
                 allow_zero=True,
             ),
-            **ints,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -152,10 +174,11 @@ class DeviceProfile:
     @classmethod
     def from_json(cls, data: Any, *, where: str = "device profile") -> DeviceProfile:
         data = check_profile(data, "device", where=where)
+        closed(data, DEVICE_FIELDS, where=where)
         require(data, ("name", "ceilings", "memory_bytes"), where=where)
-        ceilings = data["ceilings"]
-        if not isinstance(ceilings, Mapping):
-            raise UserError(f"{where}: ceilings must be an object")
+        ceilings = an_object(data["ceilings"], where=f"{where}: ceilings")
+        # ridge_point is derived (peak / bandwidth) and written for readers; it is not read back.
+        closed(ceilings, CEILING_FIELDS, where=f"{where}: ceilings")
         require(
             ceilings,
             ("hbm_bandwidth", "peak_flops", "launch_overhead_s"),
@@ -163,38 +186,51 @@ class DeviceProfile:
         )
         peak = ceilings["peak_flops"]
         if not isinstance(peak, Mapping):  # a single number: the profile's one dtype
-            peak = {str(data.get("dtype", "bf16")): peak}
+            peak = {one_of(data.get("dtype", "bf16"), DTYPES, where=f"{where}: dtype"): peak}
+        if not peak:
+            raise UserError(f"{where}: ceilings.peak_flops needs at least one dtype")
         peak = {
-            str(k): positive_number(v, where=f"{where}: ceilings.peak_flops.{k}")
+            str(k): positive_number(v, where=f"{where}: ceilings.peak_flops.{field_name(k)}")
             for k, v in peak.items()
         }
-        efficiency = data.get("efficiency") or {}
-        if not isinstance(efficiency, Mapping):
-            raise UserError(f"{where}: efficiency must be an object")
+        efficiency = an_object(data.get("efficiency", {}), where=f"{where}: efficiency")
+        closed(efficiency, ("compute", "memory"), where=f"{where}: efficiency")
+        e_c, e_m = (
+            positive_number(efficiency.get(k, 1.0), where=f"{where}: efficiency.{k}", maximum=1.0)
+            for k in ("compute", "memory")
+        )
         rows = {}
         for key in ("kernels", "best"):
-            value = data.get(key) or []
-            if not isinstance(value, list):
-                raise UserError(f"{where}: {key} must be a list")
+            value = a_list(data.get(key, []), where=f"{where}: {key}")
             rows[key] = tuple(
                 KernelTiming.from_json(r, where=f"{where}: {key}[{i}]") for i, r in enumerate(value)
             )
         return cls(
-            name=str(data["name"]),
+            name=text(data["name"], where=f"{where}: name", empty=False),
             peak_flops=peak,
             hbm_bandwidth=positive_number(
-                ceilings["hbm_bandwidth"], where=f"{where}: hbm_bandwidth"
+                ceilings["hbm_bandwidth"], where=f"{where}: ceilings.hbm_bandwidth"
             ),
             memory_bytes=positive_number(data["memory_bytes"], where=f"{where}: memory_bytes"),
             launch_overhead_s=positive_number(
-                ceilings["launch_overhead_s"], where=f"{where}: launch_overhead_s", allow_zero=True
+                ceilings["launch_overhead_s"],
+                where=f"{where}: ceilings.launch_overhead_s",
+                allow_zero=True,
             ),
-            source=str(data.get("source", where)),
-            compute_efficiency=float(efficiency.get("compute", 1.0)),
-            memory_efficiency=float(efficiency.get("memory", 1.0)),
-            measured=bool(data.get("measured", False)),
+            source=text(data.get("source", where), where=f"{where}: source"),
+            compute_efficiency=e_c,
+            memory_efficiency=e_m,
+            measured=boolean(data.get("measured", False), where=f"{where}: measured"),
             **rows,
         )
+
+
+KERNEL_FIELDS = tuple(f.name for f in dataclasses.fields(KernelTiming))
+DEVICE_FIELDS = (
+    "schema", "kind", "name", "source", "measured", "memory_bytes", "dtype", "ceilings",
+    "efficiency", "kernels", "best",
+)  # fmt: skip
+CEILING_FIELDS = ("hbm_bandwidth", "peak_flops", "ridge_point", "launch_overhead_s")
 
 
 # Launch overhead is not a datasheet number. 4 us is the order of a CUDA kernel launch seen from

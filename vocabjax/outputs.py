@@ -88,6 +88,19 @@ def check_file_target(path: str | os.PathLike, *, what: str = "output") -> Path:
     return path
 
 
+def check_target_dir(path: str | os.PathLike, *, what: str = "output") -> Path:
+    """Fail before any work on a directory that files will be written into (a training run):
+    it exists and takes a new file, or can be created; creates nothing."""
+    path = Path(path)
+    if os.path.lexists(path) and not path.is_dir():
+        raise UserError(f"{what} directory {str(path)!r} exists and is not a directory")
+    if path.is_dir():
+        _probe_directory(path, path)
+    else:
+        _check_parent(path)
+    return path
+
+
 def _marker_kind(directory: Path, marker: str) -> Any:
     """The ``kind`` of ``directory/marker`` when it is a vocabjax JSON file, else None."""
     try:

@@ -36,7 +36,7 @@ from vocabjax.lifecycle import (
     served_cost,
 )
 from vocabjax.profiles import SCHEMA
-from vocabjax.units import parse_size
+from vocabjax.units import BATCH_RANGE, BYTES_MAX, parse_size, quote_input
 
 MAX_SUBSETS = 200_000
 ROUTE_BATCHES: tuple[int, ...] = tuple(2**i for i in range(11))  # 1 .. 1024
@@ -66,39 +66,68 @@ POLICY_KIND = "policy"  # the kind of the policy JSON plan writes and serving re
 
 
 def parse_workload(text: str) -> tuple[TrafficClass, ...]:
-    """``"edge:b=1:share=0.5,dc:b=256:share=0.5"`` (optional ``in=`` / ``out=`` bytes)."""
+    """``"edge:b=1:share=0.5,dc:b=256:share=0.5"`` (optional ``in=`` / ``out=`` bytes).
+
+    Each key once per class; ``b`` in ``BATCH_RANGE``, ``share`` in 0..1, ``in``/``out`` bytes
+    above 0 and at most ``BYTES_MAX``.
+    """
     classes = []
     for part in [p.strip() for p in str(text).split(",") if p.strip()]:
         name, *fields = part.split(":")
         if not name or not re.fullmatch(r"[\w.-]+", name):
-            raise UserError(f"workload class {part!r} needs a name first, as in edge:b=1:share=0.5")
+            raise UserError(
+                f"workload class {quote_input(part)} needs a name first, as in edge:b=1:share=0.5"
+            )
+        label = quote_input(name)
         values: dict[str, Any] = {}
+        given: dict[str, str] = {}  # attribute -> the field that set it
         for field in fields:
             key, sep, value = field.partition("=")
-            if not sep or key.strip() not in _KEYS:
+            key = key.strip()
+            if not sep or key not in _KEYS:
                 raise UserError(
-                    f"workload class {name!r}: {field!r} is not b=N, share=X, in=BYTES or out=BYTES"
+                    f"workload class {label}: {quote_input(field)} is not b=N, share=X, "
+                    "in=BYTES or out=BYTES"
                 )
-            attr = _KEYS[key.strip()]
+            attr = _KEYS[key]
+            if attr in given:
+                raise UserError(
+                    f"workload class {label} gives {key}= twice "
+                    f"({quote_input(given[attr])} and {quote_input(field)})"
+                )
+            given[attr] = field
             if attr == "batch":
-                values[attr] = parse_size(value, what=f"workload {name!r} batch")
-            else:
-                try:
-                    number = float(value)
-                except ValueError:
+                lo, hi = BATCH_RANGE
+                values[attr] = parse_size(
+                    value, what=f"workload {label} batch", minimum=lo, maximum=hi
+                )
+                continue
+            try:
+                number = float(value)
+            except ValueError:
+                raise UserError(
+                    f"workload class {label}: {key}={quote_input(value)} is not a number"
+                ) from None
+            if attr == "share":
+                if not (math.isfinite(number) and 0.0 <= number <= 1.0):
                     raise UserError(
-                        f"workload class {name!r}: {key}={value!r} is not a number"
-                    ) from None
-                if not math.isfinite(number) or number < 0 or (attr != "share" and number == 0):
-                    raise UserError(f"workload class {name!r}: {key}={value!r} is out of range")
-                values[attr] = number
+                        f"workload class {label}: share={quote_input(value)} is out of range 0..1"
+                    )
+            elif not (math.isfinite(number) and 0.0 < number <= BYTES_MAX):
+                raise UserError(
+                    f"workload class {label}: {key}={quote_input(value)} is out of range; "
+                    f"bytes must be > 0 and <= {BYTES_MAX}"
+                )
+            values[attr] = number
         if "batch" not in values or "share" not in values:
-            raise UserError(f"workload class {name!r} needs both b= and share=")
+            raise UserError(f"workload class {label} needs both b= and share=")
         classes.append(TrafficClass(name=name, **values))
     if not classes:
         raise UserError("workload is empty; example: edge:b=1:share=0.5,dc:b=256:share=0.5")
-    if len({c.name for c in classes}) != len(classes):
-        raise UserError("workload class names must be unique")
+    names = [c.name for c in classes]
+    if len(set(names)) != len(names):
+        twice = next(n for i, n in enumerate(names) if n in names[:i])
+        raise UserError(f"workload class names must be unique ({quote_input(twice)} twice)")
     total = sum(c.share for c in classes)
     if abs(total - 1.0) > 1e-6:
         raise UserError(f"workload shares sum to {total:g}; they must sum to 1")

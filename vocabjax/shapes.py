@@ -7,14 +7,13 @@ weights (GQA and GLU aware). Norm weights and biases are left out: under 0.1% of
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from vocabjax.errors import UserError
+from vocabjax.profiles import VOCAB_MAX, boolean, closed, integer, load_data, text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,12 +32,7 @@ class ModelShape:
     source: str = ""  # where the numbers come from
 
     def __post_init__(self) -> None:
-        for field in ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff"):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise UserError(
-                    f"model {self.name!r}: {field} must be a positive integer, got {value!r}"
-                )
+        _check_fields(dataclasses.asdict(self), where=f"model {self.name!r}:")
         if self.n_heads % self.n_kv_heads:
             raise UserError(
                 f"model {self.name!r}: n_heads={self.n_heads} must be a multiple of "
@@ -82,6 +76,26 @@ class ModelShape:
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": 1, "kind": "shape", **dataclasses.asdict(self)}
+
+
+_DIMS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff")
+_DIM_MAX = 2**31 - 1  # sizes enter jax shapes as int32
+
+
+def _check_fields(data: Mapping[str, Any], *, where: str) -> None:
+    """The type and range of each field present; ``where`` ends with the separator (":")."""
+    for field in _DIMS:
+        if field in data:
+            integer(data[field], where=f"{where} {field}", maximum=_DIM_MAX)
+    for field in ("head_dim", "native_vocab"):
+        if data.get(field) is not None:
+            bound = VOCAB_MAX if field == "native_vocab" else _DIM_MAX
+            integer(data[field], where=f"{where} {field}", maximum=bound)
+    if "glu" in data:
+        boolean(data["glu"], where=f"{where} glu")
+    for field in ("name", "source"):
+        if field in data:
+            text(data[field], where=f"{where} {field}", empty=field == "source")
 
 
 def _gpt(name, d, layers, heads, *, native_vocab=None, source) -> ModelShape:
@@ -147,26 +161,35 @@ BUILTIN_SHAPES: Mapping[str, ModelShape] = {
 
 DEFAULT_MODEL = "paper-1.5b"
 
-_FIELDS = {f.name for f in dataclasses.fields(ModelShape)}
+_FIELDS = tuple(f.name for f in dataclasses.fields(ModelShape))
 
 
-def shape_from_mapping(data: Mapping[str, Any], *, name: str) -> ModelShape:
-    """A shape from a mapping with ModelShape's field names (``schema``/``kind`` allowed)."""
+def shape_from_mapping(
+    data: Mapping[str, Any], *, name: str, where: str | None = None
+) -> ModelShape:
+    """A shape from a mapping with ModelShape's field names (``schema`` 1 and ``kind`` "shape"
+    allowed); ``where`` (default ``name``) names the file in messages."""
+    where = where or name
     if not isinstance(data, Mapping):
-        raise UserError(f"{name}: a model shape must be a table/object")
+        raise UserError(f"{where}: a model shape must be a table/object")
+    if data.get("schema", 1) != 1 or data.get("kind", "shape") != "shape":
+        raise UserError(
+            f"{where}: expected a model shape (schema 1, kind 'shape'), found schema "
+            f"{data.get('schema')!r}, kind {data.get('kind')!r}"
+        )
     data = {k: v for k, v in data.items() if k not in ("schema", "kind")}
-    unknown = sorted(set(data) - _FIELDS)
-    if unknown:
-        raise UserError(f"{name}: unknown field(s) {', '.join(unknown)}")
+    closed(data, _FIELDS, where=where)
     missing = [f for f in ("d_model", "n_layers", "n_heads", "d_ff") if f not in data]
     if missing:
-        raise UserError(f"{name}: missing field(s) {', '.join(missing)}")
+        raise UserError(f"{where}: missing field(s) {', '.join(missing)}")
+    _check_fields(data, where=f"{where}:")
     data.setdefault("n_kv_heads", data["n_heads"])
     data.setdefault("name", name)
     try:
         return ModelShape(**data)
-    except TypeError as exc:
-        raise UserError(f"{name}: {exc}") from None
+    except UserError as exc:  # the relations between fields (heads, d_model / n_heads)
+        reason = str(exc).removeprefix(f"model {data['name']!r}: ")
+        raise UserError(f"{where}: {reason}") from None
 
 
 def load_shape(name_or_path: str | os.PathLike) -> ModelShape:
@@ -176,13 +199,8 @@ def load_shape(name_or_path: str | os.PathLike) -> ModelShape:
         return BUILTIN_SHAPES[key.lower()]
     path = Path(key)
     if path.suffix.lower() in (".json", ".toml") or path.exists():
-        if not path.is_file():
-            raise UserError(f"model file {key!r} does not exist")
-        text = path.read_text(encoding="utf-8")
-        try:
-            data = tomllib.loads(text) if path.suffix.lower() == ".toml" else json.loads(text)
-        except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
-            raise UserError(f"model file {key!r} does not parse ({exc})") from None
-        return shape_from_mapping(data, name=path.stem)
+        what = f"model file {key!r}"
+        data = load_data(path, what=what, invalid="does not parse")
+        return shape_from_mapping(data, name=path.stem, where=what)
     known = ", ".join(BUILTIN_SHAPES)
     raise UserError(f"unknown model {key!r} (builtin: {known}; or a .json/.toml shape file)")

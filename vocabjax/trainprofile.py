@@ -15,7 +15,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from vocabjax.errors import UserError
-from vocabjax.profiles import SCHEMA, load_json, positive_number, vocab_points
+from vocabjax.profiles import SCHEMA, load_json, positive_number, text, vocab_points
 from vocabjax.xp import interp
 
 
@@ -78,11 +78,11 @@ class TrainingProfile:
         if tps is None and bpb is None:
             raise UserError(f"{where}: points need tokens_per_s or bpb")
         return cls(
-            name=str(data.get("name", where)),
+            name=text(data.get("name", where), where=f"{where}: name"),
             vocab=tuple(r[0] for r in rows),
             tokens_per_s=tps,
             bpb=bpb,
-            source=str(data.get("source", where)),
+            source=text(data.get("source", where), where=f"{where}: source"),
         )
 
     def to_json(self) -> dict[str, Any]:

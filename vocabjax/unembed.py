@@ -571,13 +571,32 @@ def _pallas_decode_blocks(batch: int, vocab: int, d_model: int, dtype: str, bloc
         # Profile rows say which kernel their blocks belong to ("tiled": 0 or 1); a dict
         # without the key goes by batch size, as the default does.
         if blocks.pop("tiled", int(batch > _TILED_MIN_BATCH)):
-            return tiled.tiled_decode, (tiled.TiledBlocks(**blocks) if blocks else None)
-        return fused.fused_decode, (fused.DecodeBlocks(**blocks) if blocks else None)
+            return tiled.tiled_decode, (_tiles(tiled.TiledBlocks, blocks) if blocks else None)
+        return fused.fused_decode, (_tiles(fused.DecodeBlocks, blocks) if blocks else None)
     if blocks is not None:
         raise UserError(f"impl='pallas' takes DecodeBlocks, TiledBlocks or a dict, got {blocks!r}")
     if batch > _TILED_MIN_BATCH:
         return tiled.tiled_decode, None
     return fused.fused_decode, None
+
+
+def _tiles(cls: type, blocks: Mapping[str, Any]) -> Any:
+    """A Pallas tile dataclass from a dict (a profile row's ``blocks``, or a caller's): a name
+    the class lacks or a size it refuses is one UserError, not a TypeError from ``cls(**d)``."""
+    fields = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(blocks) - set(fields))
+    if unknown:
+        raise UserError(
+            f"impl='pallas' blocks {dict(blocks)} name {', '.join(map(str, unknown))}, which "
+            f"{cls.__name__} lacks (it takes {', '.join(fields)})"
+        )
+    wrong = [k for k, v in blocks.items() if isinstance(v, bool) or not isinstance(v, int)]
+    if wrong:
+        raise UserError(f"impl='pallas' blocks {dict(blocks)}: {wrong[0]} must be an integer")
+    try:
+        return cls(**blocks)
+    except ValueError as exc:  # the class's own checks (powers of two)
+        raise UserError(f"impl='pallas' {cls.__name__}: {exc}") from None
 
 
 # Above this batch the decode is compute-bound on every datasheet profile (ridge points 100-300
@@ -656,6 +675,13 @@ def _chunk_blocks(blocks: Any, h_bd: jax.Array, w_vd: jax.Array) -> ChunkBlocks:
     unknown = sorted(set(blocks or {}) - fields)
     if unknown:
         raise UserError(f"impl='chunked' blocks take {', '.join(sorted(fields))}, got {unknown}")
+    wrong = [
+        k
+        for k, v in (blocks or {}).items()
+        if isinstance(v, bool) or not (isinstance(v, int) or (v is None and k == "block_n"))
+    ]
+    if wrong:
+        raise UserError(f"impl='chunked' blocks {dict(blocks)}: {wrong[0]} must be an integer")
     return dataclasses.replace(default, **dict(blocks or {}))
 
 
@@ -769,7 +795,7 @@ def _top_k(h_bd, w_vd, k, *, impl, blocks, interpret):
     mod = _pallas_module("fused_topk")
     kblocks = blocks
     if isinstance(blocks, Mapping):
-        kblocks = mod.TopKBlocks(**blocks) if blocks and hasattr(mod, "TopKBlocks") else None
+        kblocks = _tiles(mod.TopKBlocks, blocks) if blocks and hasattr(mod, "TopKBlocks") else None
     vals, ids = mod.fused_topk(h_bd, w_vd, k, blocks=kblocks, interpret=_interpret(interpret))
     return vals, ids.astype(jnp.int32)
 
@@ -1086,7 +1112,7 @@ def _ce_backend(impl, blocks, interpret, h_nd, w_vd) -> _CEBackend:
         if "block_b" in blocks:  # a dict shared with the decode ops: its row tile is block_n here
             blocks.setdefault("block_n", blocks.pop("block_b"))
         blocks.pop("tiled", None)
-        blocks = mod.CEBlocks(**blocks) if blocks else None
+        blocks = _tiles(mod.CEBlocks, blocks) if blocks else None
     return _CEBackend("pallas", blocks, _interpret(interpret), w_vd.dtype)
 
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
@@ -52,7 +52,15 @@ from vocabjax import unembed
 from vocabjax.errors import UserError
 from vocabjax.models import GPT, head_loss
 from vocabjax.plan import POLICY_KIND
-from vocabjax.profiles import load_json
+from vocabjax.profiles import (
+    VOCAB_MAX,
+    a_list,
+    an_object,
+    closed,
+    integer,
+    load_json,
+    require,
+)
 from vocabjax.train import (
     IGNORE,
     RUN_FILE,
@@ -161,19 +169,30 @@ class HeadChoice:
 
 def load_policy(path: str | Path) -> list[tuple[int | None, int]]:
     """The ``batch_routes`` of a policy written by ``plan --out``: (max_batch or None, head)
-    pairs in increasing max_batch, None (every larger batch) last."""
+    pairs in increasing max_batch, None (every larger batch) last. The policy's other fields
+    are ``plan``'s record of how it decided and are not read."""
     data = load_json(path, POLICY_KIND)
-    routes = data.get("batch_routes")
     where = f"policy {str(path)!r}"
-    if not isinstance(routes, list) or not routes:
-        raise UserError(f"{where}: batch_routes must be a non-empty list")
+    require(data, ("batch_routes",), where=where)
+    routes = a_list(data["batch_routes"], where=f"{where}: batch_routes", nonempty=True)
     out: list[tuple[int | None, int]] = []
-    for r in routes:
-        ok = isinstance(r, Mapping) and _is_int(r.get("head")) and r["head"] > 0
-        ok = ok and (r.get("max_batch") is None or _is_int(r["max_batch"]))
-        if not ok:
-            raise UserError(f"{where}: a batch route must be {{max_batch: int|null, head: int}}")
-        out.append((r.get("max_batch"), int(r["head"])))
+    for i, r in enumerate(routes):
+        at = f"{where}: batch_routes[{i}]"
+        closed(an_object(r, where=at), ("max_batch", "head"), where=at)
+        require(r, ("head",), where=at)
+        head = integer(r["head"], where=f"{at}.head", maximum=VOCAB_MAX)
+        bound = r.get("max_batch")
+        if bound is not None:
+            bound = integer(bound, where=f"{at}.max_batch")
+            last = out[-1][0] if out else 0  # never None: a null bound before here was refused
+            if last is not None and bound <= last:
+                raise UserError(
+                    f"{at}.max_batch={bound} must be above the previous route's ({last}): "
+                    "routes go in increasing max_batch, null last"
+                )
+        elif i != len(routes) - 1:
+            raise UserError(f"{at}.max_batch is null (every larger batch) but is not the last")
+        out.append((bound, head))
     return out
 
 

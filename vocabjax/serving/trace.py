@@ -37,8 +37,10 @@ from typing import Any, Literal
 from vocabjax.corpus import BUILTIN, Corpus, default_max_bytes
 from vocabjax.errors import UserError
 from vocabjax.outputs import atomic_write_text
+from vocabjax.profiles import field_name, integer, parse_json, read_text, show
 
 FIELDS = ("id", "arrival_s", "prompt", "max_new_tokens", "phase")
+TOKENS_MAX = 2**31 - 1  # token positions are int32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,15 +64,13 @@ class Request:
 
 def load_trace(path: str | Path) -> tuple[Request, ...]:
     """The requests of a JSONL trace, sorted by arrival (stable); each problem is one
-    UserError naming the file and line."""
+    UserError naming the file and line.
+
+    Lines end at "\\n" only (a "\\r" before it is dropped): U+2028, U+2029, U+0085 and form
+    feeds are text inside a prompt, which ``write_trace`` writes raw."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"trace {str(path)!r} does not exist")
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as exc:
-        raise UserError(f"trace {path} is not UTF-8 text ({exc.reason})") from None
-    requests = _parse(lines, str(path))
+    text = read_text(path, what=f"trace {str(path)!r}")
+    requests = _parse((line.removesuffix("\r") for line in text.split("\n")), str(path))
     if not requests:
         raise UserError(f"trace {path} holds no requests (one JSON object per line)")
     return tuple(sorted(requests, key=lambda r: r.arrival_s))
@@ -83,10 +83,7 @@ def _parse(lines: Iterable[str], where: str) -> list[Request]:
         if not line.strip():
             continue
         at = f"{where}:{lineno}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{at} is not a JSON line ({exc.msg})") from None
+        record = parse_json(line, where=at, invalid="is not a JSON line")
         request = _request(record, at, default_id=f"r{lineno}")
         if request.id in seen:
             raise UserError(f"{at}: id {request.id!r} is already used on line {seen[request.id]}")
@@ -101,29 +98,34 @@ def _request(record: Any, at: str, *, default_id: str) -> Request:
     unknown = sorted(set(record) - set(FIELDS))
     if unknown:
         raise UserError(
-            f"{at}: unknown field(s) {', '.join(unknown)} (a request has {', '.join(FIELDS)})"
+            f"{at}: unknown field(s) {', '.join(map(field_name, unknown))} (a request has "
+            f"{', '.join(FIELDS)})"
         )
     for name in ("arrival_s", "prompt"):
         if name not in record:
             raise UserError(f"{at}: missing {name!r}")
     arrival = record["arrival_s"]
     if isinstance(arrival, bool) or not isinstance(arrival, int | float):
-        raise UserError(f"{at}: arrival_s must be a number of seconds, got {arrival!r}")
-    if not math.isfinite(arrival) or arrival < 0:
-        raise UserError(f"{at}: arrival_s must be finite and >= 0, got {arrival!r}")
+        raise UserError(f"{at}: arrival_s must be a number of seconds, got {show(arrival)}")
+    try:
+        seconds = float(arrival)
+    except OverflowError:  # an int past float's range (parse_json refuses those already)
+        seconds = math.inf
+    if not math.isfinite(seconds) or seconds < 0:
+        raise UserError(f"{at}: arrival_s must be finite and >= 0, got {show(arrival)}")
     prompt = record["prompt"]
     if not isinstance(prompt, str) or not prompt:
-        raise UserError(f"{at}: prompt must be non-empty text, got {prompt!r:.40}")
+        raise UserError(f"{at}: prompt must be non-empty text, got {show(prompt)}")
     rid = record.get("id", default_id)
     if not isinstance(rid, str) or not rid:
-        raise UserError(f"{at}: id must be non-empty text, got {rid!r}")
+        raise UserError(f"{at}: id must be non-empty text, got {show(rid)}")
     limit = record.get("max_new_tokens")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise UserError(f"{at}: max_new_tokens must be a positive integer, got {limit!r}")
+    if limit is not None:
+        integer(limit, where=f"{at}: max_new_tokens", maximum=TOKENS_MAX)
     phase = record.get("phase")
     if phase is not None and not isinstance(phase, str):
-        raise UserError(f"{at}: phase must be text, got {phase!r}")
-    return Request(rid, float(arrival), prompt, limit, phase)
+        raise UserError(f"{at}: phase must be text, got {show(phase)}")
+    return Request(rid, seconds, prompt, limit, phase)
 
 
 def write_trace(path: str | Path, requests: Sequence[Request]) -> Path:

@@ -14,7 +14,7 @@ import numpy as np
 
 from vocabjax.errors import UserError
 from vocabjax.outputs import atomic_directory, atomic_write_json, save_npz
-from vocabjax.profiles import SCHEMA, load_json
+from vocabjax.profiles import SCHEMA, a_list, integer, load_json, number, require
 
 CHECKPOINT = "checkpoint"
 STATE = "state.npz"
@@ -56,7 +56,7 @@ def load_checkpoint(run_dir: str | Path) -> Checkpoint | None:
     path = checkpoint_dir(run_dir)
     if path is None:
         return None
-    meta = load_json(path / META, META_KIND)
+    meta = read_meta(path / META)
     try:
         # Our own file handle: np.load leaks its own when the zip directory is unreadable.
         with open(path / STATE, "rb") as f, np.load(f) as z:
@@ -65,7 +65,34 @@ def load_checkpoint(run_dir: str | Path) -> Checkpoint | None:
         raise UserError(f"{path / STATE} is not a readable checkpoint ({exc})") from None
     params = {k.removeprefix("param:"): v for k, v in arrays.items() if k.startswith("param:")}
     opt = [arrays[k] for k in sorted(k for k in arrays if k.startswith("opt:"))]
-    return Checkpoint(step=int(meta["step"]), params=params, opt_leaves=opt, meta=meta)
+    return Checkpoint(step=meta["step"], params=params, opt_leaves=opt, meta=meta)
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    """``meta.json``: ``step`` (required) and the fields ``train`` writes, each checked for its
+    type; other fields are kept unread (open: a later trainer may record more)."""
+    meta = load_json(path, META_KIND)
+    where = str(path)
+    require(meta, ("step",), where=where)
+    integer(meta["step"], where=f"{where}: step", minimum=0)
+    for key in ("seed", "windows_used"):
+        if key in meta:
+            integer(meta[key], where=f"{where}: {key}", minimum=0)
+    for key in ("windows_per_epoch", "train_tokens"):
+        if key in meta:
+            for i, v in enumerate(a_list(meta[key], where=f"{where}: {key}")):
+                integer(v, where=f"{where}: {key}[{i}]", minimum=0)
+    widths = set()  # recent_losses: the last steps' losses, one list per step of one per head
+    for i, step in enumerate(
+        a_list(meta.get("recent_losses", []), where=f"{where}: recent_losses")
+    ):
+        at = f"{where}: recent_losses[{i}]"
+        widths.add(len(a_list(step, where=at)))
+        for j, v in enumerate(step):
+            number(v, where=f"{at}[{j}]")
+    if len(widths) > 1:
+        raise UserError(f"{where}: recent_losses holds steps with different numbers of heads")
+    return meta
 
 
 def restore_params(checkpoint: Checkpoint, params_like: dict, *, where: str) -> dict:

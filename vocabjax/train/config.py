@@ -6,14 +6,27 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from vocabjax.errors import UserError
 from vocabjax.models import GPTConfig
 from vocabjax.outputs import atomic_write_json
-from vocabjax.profiles import SCHEMA, load_json
+from vocabjax.profiles import (
+    SCHEMA,
+    VOCAB_MAX,
+    a_list,
+    an_object,
+    boolean,
+    closed,
+    integer,
+    load_json,
+    number,
+    one_of,
+    require,
+    text,
+)
 from vocabjax.shapes import ModelShape, shape_from_mapping
 
 RUN_FILE = "run.json"
@@ -129,13 +142,16 @@ class RunConfig:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], *, where: str) -> RunConfig:
+        """``run.json``'s fields, each checked for its type (and the whole for its ranges);
+        every problem is one UserError naming the file and the field."""
         data = {k: v for k, v in data.items() if k not in ("schema", "kind")}
+        closed(data, _RUN_FIELDS, where=where)
+        require(data, _RUN_REQUIRED, where=where)
+        values = {k: _RUN_FIELDS[k](v, f"{where}: {k}") for k, v in data.items()}
         try:
-            shape = shape_from_mapping(data.pop("shape"), name=where)
-            corpus = CorpusSpec(**data.pop("corpus"))
-            return cls(shape=shape, corpus=corpus, **{**data, "heads": tuple(data["heads"])})
-        except (KeyError, TypeError) as exc:
-            raise UserError(f"{where}: not a run configuration vocabjax can read ({exc})") from None
+            return cls(**values)
+        except UserError as exc:  # the ranges and relations __post_init__ checks
+            raise UserError(f"{where}: {exc}") from None
 
     def differences(self, other: RunConfig) -> list[str]:
         """Fields (outside ``MUTABLE``) whose values differ, as ``name: ours != theirs``."""
@@ -147,6 +163,56 @@ class RunConfig:
             if a != b:
                 out.append(f"{field.name}: {_show(a)} != {_show(b)}")
         return out
+
+
+def _corpus(value: Any, where: str) -> CorpusSpec:
+    value = an_object(value, where=where)
+    closed(value, ("spec", "field", "held_out", "max_bytes"), where=where)
+    require(value, ("spec",), where=where)
+    held_out = number(value.get("held_out", 0.1), where=f"{where}.held_out")
+    if not 0.0 < held_out < 1.0:
+        raise UserError(f"{where}.held_out must be in (0, 1), got {held_out}")
+    max_bytes = value.get("max_bytes")
+    return CorpusSpec(
+        spec=text(value["spec"], where=f"{where}.spec", empty=False),
+        field=text(value.get("field", "text"), where=f"{where}.field", empty=False),
+        held_out=held_out,
+        max_bytes=None if max_bytes is None else integer(max_bytes, where=f"{where}.max_bytes"),
+    )
+
+
+def _heads(value: Any, where: str) -> tuple[int, ...]:
+    value = a_list(value, where=where, nonempty=True)
+    return tuple(integer(v, where=f"{where}[{i}]", maximum=VOCAB_MAX) for i, v in enumerate(value))
+
+
+def _int_from(minimum: int) -> Callable[[Any, str], int]:
+    return lambda value, where: integer(value, where=where, minimum=minimum)
+
+
+# How run.json's fields are read: a checker per RunConfig field (value, where) -> value.
+_RUN_FIELDS: dict[str, Callable[[Any, str], Any]] = {
+    "shape": lambda value, where: shape_from_mapping(
+        an_object(value, where=where), name="shape", where=where
+    ),
+    "heads": _heads,
+    "tokenizer": lambda value, where: text(value, where=where, empty=False),
+    "corpus": _corpus,
+    **dict.fromkeys(("steps", "seq_len", "batch", "eval_tokens"), _int_from(1)),
+    **dict.fromkeys(("warmup", "checkpoint_every", "seed"), _int_from(0)),
+    **dict.fromkeys(
+        ("lr", "min_lr_ratio", "weight_decay", "clip", "b1", "b2"),
+        lambda value, where: number(value, where=where),
+    ),
+    "tie_embeddings": lambda value, where: boolean(value, where=where),
+    "compute_dtype": lambda value, where: one_of(value, ("f32", "bf16"), where=where),
+    "impl": lambda value, where: one_of(value, ("auto", "xla", "chunked", "pallas"), where=where),
+}
+_RUN_REQUIRED = tuple(
+    f.name
+    for f in dataclasses.fields(RunConfig)
+    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+)
 
 
 def _show(value: Any) -> str:

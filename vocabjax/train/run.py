@@ -28,7 +28,7 @@ import optax
 import vocabjax
 from vocabjax.corpus import Corpus, open_corpus
 from vocabjax.errors import UserError
-from vocabjax.outputs import atomic_write_json
+from vocabjax.outputs import atomic_write_json, check_target_dir
 from vocabjax.train.checkpoint import load_checkpoint, restore, save_checkpoint
 from vocabjax.train.config import RUN_FILE, TOKENIZER_DIR, RunConfig, read_run, write_run
 from vocabjax.train.data import (
@@ -146,10 +146,9 @@ def resume_config(run_dir: str | Path, given: Mapping[str, Any]) -> RunConfig:
 
 
 def _check_fresh(run_dir: Path) -> None:
+    check_target_dir(run_dir, what="run")
     if not run_dir.exists():
         return
-    if not run_dir.is_dir():
-        raise UserError(f"--out {run_dir} exists and is not a directory")
     if (run_dir / RUN_FILE).exists():
         raise UserError(
             f"{run_dir} holds a training run ({RUN_FILE}); pass --resume to continue it, "
@@ -200,6 +199,7 @@ def train(
 
 def _check_resume(config: RunConfig, run_dir: Path, log: Progress) -> None:
     stored = _stored_run(run_dir)
+    check_target_dir(run_dir, what="run")
     diffs = stored.differences(config)
     if diffs:
         raise UserError(f"--resume: the configuration differs from {run_dir}: {diffs[0]}")
