@@ -603,6 +603,14 @@ def tokenizer_train(
         emit(render.rows(manifest["levels"], fmt))
 
 
+_pattern_option = click.option(
+    "--pattern",
+    metavar="NAME|REGEX",
+    help="Split regex of tiktoken rank files: cl100k, gpt2, llama3, o200k, tekken, or a regex "
+    "[default: recognized from the file's content].",
+)
+
+
 @tokenizer_group.command("measure", context_settings=CONTEXT)
 @click.option(
     "--tokenizer",
@@ -614,13 +622,14 @@ def tokenizer_train(
     "rank file; repeatable.",
 )
 @_corpus_options("heldout")
+@_pattern_option
 @click.option(
     "--out",
     type=OutputFile(),
     help="Write the compression profile here (for sweep --compression).",
 )
 @format_option
-def tokenizer_measure(specs, corpus_spec, field, split, held_out, max_bytes, out, fmt):
+def tokenizer_measure(specs, corpus_spec, field, split, held_out, max_bytes, pattern, out, fmt):
     """Bytes and characters per token of each tokenizer on a corpus (held-out part by default).
 
     \b
@@ -630,13 +639,17 @@ def tokenizer_measure(specs, corpus_spec, field, split, held_out, max_bytes, out
             --tokenizer cl100k_base.tiktoken --corpus docs/ --split all --format json
     """
     from vocabjax.vocab import compression_profile, curve_notes, load_tokenizers, measure
+    from vocabjax.vocab.measure import read_ahead
 
-    tokenizers = [t for spec in specs for t in load_tokenizers(spec)]
     corpus = _open_corpus(corpus_spec, field, held_out, max_bytes)
+    texts = read_ahead(corpus.texts(split))  # a bad corpus fails before any tokenizer loads
+    tokenizers = [t for spec in specs for t in load_tokenizers(spec, pattern=pattern)]
     label = corpus.describe(split)
     log(f"corpus: {label}; {len(tokenizers)} tokenizer(s)")
-    points = measure(tokenizers, corpus.texts(split), progress=log)
+    points = measure(tokenizers, texts, progress=log)
     source = "tokenizer measure " + " ".join(f"--tokenizer {s}" for s in specs)
+    if pattern is not None:
+        source += f" --pattern {pattern}"
     source += f" --corpus {corpus_spec} --split {split}"
     profile = compression_profile(points, corpus=label, source=source)
     notes = curve_notes(points)
@@ -693,8 +706,11 @@ def tokenizer_measure(specs, corpus_spec, field, split, held_out, max_bytes, out
 @click.option(
     "--force", is_flag=True, help="Replace --out even if it holds files that are not a pruning."
 )
+@_pattern_option
 @format_option
-def tokenizer_prune(spec, corpus_spec, field, split, held_out, max_bytes, vocab, out, force, fmt):
+def tokenizer_prune(
+    spec, corpus_spec, field, split, held_out, max_bytes, vocab, out, force, pattern, fmt
+):
     """Prune a byte-level BPE to exactly N tokens, keeping those most used on a corpus.
 
     A kept token keeps the merges that build it; a dropped one takes every merge that makes or
@@ -706,7 +722,7 @@ def tokenizer_prune(spec, corpus_spec, field, split, held_out, max_bytes, vocab,
     """
     from vocabjax.vocab import check_prune_out, load_largest, prune_to_dir
 
-    source = load_largest(spec)
+    source = load_largest(spec, pattern=pattern)
     inputs = (spec, *_corpus_inputs(corpus_spec))
     check_prune_out(out, source=source.path, force=force, inputs=inputs)
     corpus = _open_corpus(corpus_spec, field, held_out, max_bytes)
