@@ -3,7 +3,8 @@
 ``jit(...).trace(...).lower(lowering_platforms=("cuda",))`` runs the Pallas -> Triton IR lowering
 without a GPU, so block shapes, masks and primitives the Triton backend rejects fail here. It
 does not run Triton's own compiler (PTX, registers, shared memory): that needs a GPU
-(``selfcheck.run_all(interpret=False)``).
+(``selfcheck.run_all(interpret=False)``). The kernels pick Triton through their
+``plgpu.CompilerParams``, so this is the Triton lowering on every jax version, not Mosaic GPU.
 """
 
 from __future__ import annotations
@@ -31,8 +32,16 @@ SD = jax.ShapeDtypeStruct
 SHAPE = (3, 50257, 768)
 
 
+# The GPU the lowering targets. jax >= 0.12 asks the abstract mesh for it when no GPU is attached
+# (it reads the compute capability from the device kind); jax 0.10 ignores it and assumes sm_90,
+# which is what an H100 is, so both versions lower for the same target.
+TARGET_GPU = jax.sharding.AbstractDevice(device_kind="NVIDIA H100", num_cores=None, platform="gpu")
+
+
 def lower_cuda(fn, *args):
-    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+    mesh = jax.sharding.AbstractMesh((1,), ("_",), abstract_device=TARGET_GPU)
+    with jax.sharding.use_abstract_mesh(mesh):
+        return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
 
 
 def specs(dtype, batch=SHAPE[0]):
