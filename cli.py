@@ -29,10 +29,11 @@ from vocabjax.lifecycle import (
     break_even_rows,
     check_grid_fits,
     sweep_rows,
+    train_optimal_vocab,
 )
 from vocabjax.lifecycle import sweep as sweep_grid
 from vocabjax.outputs import atomic_write_json, check_file_target
-from vocabjax.plan import make_plan, parse_workload, policy_json
+from vocabjax.planning import make_plan, parse_workload, policy_json
 from vocabjax.plots import check_plot_path, plot_sweep
 from vocabjax.serving.controller import DEFAULT_BAND, DEFAULT_WINDOW
 from vocabjax.serving.server import DEFAULT_MAX_BATCH, DEFAULT_MAX_NEW_TOKENS
@@ -386,7 +387,7 @@ def sweep(devices, models, vocab, batch, lam, plot, show_break_even, fmt, **kw):
             )
             emit(
                 f"\nbreak-even lambda against the training optimum V_t = "
-                f"{render.human_size(res.grid.vocab[res.v_train])}"
+                f"{render.human_size(train_optimal_vocab(res))}"
             )
             emit(render.rows(be, fmt))
         emit("")

@@ -35,7 +35,7 @@ def model(dev, shape, mode):
 
 
 def hs(v):
-    return "-" if v is None else human_size(v)
+    return "-" if not v else human_size(v)  # None or NO_VOCAB (0): no V
 
 
 def verdict(ok: bool) -> str:
@@ -62,8 +62,8 @@ def claim_inference_optimal():
         for dev in ("a10g", "a100-paper"):
             for shape in PAPER_MODELS:
                 res = sweep(model(dev, shape, mode), Grid(VOCAB, (1, 64, 128, 256), (1.0,)))
-                v1 = res.vocab_at(res.v_infer[0])
-                big = [res.vocab_at(i) for i in res.v_infer[1:]]
+                v1 = int(res.v_infer[0])
+                big = [int(v) for v in res.v_infer[1:]]
                 ok = v1 == 32 * K and all(v == 512 * K for v in big)
                 rows.append(
                     {
@@ -118,9 +118,9 @@ def claim_lambda_zero_and_up():
     for mode in MODES:
         for shape in PAPER_MODELS:
             res = sweep(model("a100-paper", shape, mode), Grid(VOCAB, batches, (0.0, 1.0)))
-            v0 = {res.vocab_at(i) for i in res.v_star[:, 0]}
-            v1 = [res.vocab_at(i) for i in res.v_star[:, 1]]
-            up = all(a > res.grid.vocab[res.v_train] for a in v1)
+            v0 = {int(v) for v in res.v_star[:, 0]}
+            v1 = [int(v) for v in res.v_star[:, 1]]
+            up = all(a > res.v_train for a in v1)
             rows.append(
                 {
                     "mode": mode,
@@ -149,7 +149,7 @@ def claim_lambda_for_262k():
     for mode in MODES:
         for shape in PAPER_MODELS:
             res = sweep(model("a100-paper", shape, mode), Grid(VOCAB, (256,), lams))
-            reach = [x for li, x in enumerate(lams) if res.vocab_at(res.v_star[0, li]) >= 256 * K]
+            reach = [x for li, x in enumerate(lams) if res.v_star[0, li] >= 256 * K]
             need = reach[0] if reach else None
             rows.append(
                 {

@@ -34,7 +34,7 @@ WIDE_VOCAB = DEFAULT_VOCAB + (1048576,)
 
 
 def hs(v) -> str:
-    return "-" if v is None else human_size(v)
+    return "-" if not v else human_size(v)  # None or NO_VOCAB (0): no V
 
 
 def inference_optimal() -> tuple[str, object]:
@@ -48,11 +48,9 @@ def inference_optimal() -> tuple[str, object]:
                 cm = CostModel(load_device(dev), load_shape(model), Settings(mode=mode))
                 res = sweep(cm, grid)
                 row = {"device": dev, "model": model}
-                row.update(
-                    {f"B={b}": hs(res.vocab_at(res.v_infer[i])) for i, b in enumerate(grid.batch)}
-                )
+                row.update({f"B={b}": hs(int(res.v_infer[i])) for i, b in enumerate(grid.batch)})
                 rows.append(row)
-                curves[mode, dev, model] = [res.vocab_at(i) for i in res.v_infer]
+                curves[mode, dev, model] = [int(v) or None for v in res.v_infer]
         out.append(f"### {mode} cost model\n\n{markdown(rows)}\n")
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5), sharey=True)
@@ -84,10 +82,7 @@ def lifecycle_tables() -> str:
                 for bi, b in enumerate(grid.batch):
                     row = {"B": b}
                     row.update(
-                        {
-                            f"lam={x:g}": hs(res.vocab_at(res.v_star[bi, li]))
-                            for li, x in enumerate(grid.lam)
-                        }
+                        {f"lam={x:g}": hs(int(res.v_star[bi, li])) for li, x in enumerate(grid.lam)}
                     )
                     rows.append(row)
                 parts.append(f"### {dev}, {model}, {mode}\n\n{markdown(rows)}\n")
@@ -111,7 +106,7 @@ def break_even_tables() -> str:
             for row in table:
                 row["vocab"] = hs(row["vocab"])
             parts.append(
-                f"### {dev}, {model}, {mode} (training optimum V_t = {hs(res.grid.vocab[res.v_train])})\n\n"
+                f"### {dev}, {model}, {mode} (training optimum V_t = {hs(res.v_train)})\n\n"
                 f"{markdown(table)}\n"
             )
     return "\n".join(parts)

@@ -12,7 +12,7 @@ from vocabjax.compression import DEFAULT_CURVE
 from vocabjax.costmodel import CostModel, Settings
 from vocabjax.errors import UserError
 from vocabjax.hardware import load_device
-from vocabjax.lifecycle import Grid, Quality, check_grid_fits, sweep
+from vocabjax.lifecycle import NO_VOCAB, Grid, Quality, check_grid_fits, sweep
 from vocabjax.shapes import load_shape
 from vocabjax.trainprofile import TrainingProfile
 from vocabjax.xp import PyMath
@@ -31,14 +31,14 @@ def test_sweep_matches_point_by_point_python():
         np.testing.assert_allclose(res.c_infer[:, bi], c_inf, rtol=1e-5)
         for li, lam in enumerate(grid.lam):
             j = [cm.c_train(float(v), xp=PyMath) + lam * c for v, c in zip(grid.vocab, c_inf)]
-            assert res.v_star[bi, li] == int(np.argmin(j))
+            assert res.v_star[bi, li] == grid.vocab[int(np.argmin(j))]
             assert res.j_star[bi, li] == pytest.approx(min(j), rel=1e-5)
 
 
 def test_lambda_zero_is_training_only():
     res = sweep(_model(), Grid(lam=(0.0, 1.0)))
     assert len(set(res.v_star[:, 0].tolist())) == 1
-    assert res.v_star[0, 0] == res.v_train == int(np.argmin(res.c_train))
+    assert res.v_star[0, 0] == res.v_train == res.grid.vocab[int(np.argmin(res.c_train))]
 
 
 @settings(max_examples=12)
@@ -52,10 +52,11 @@ def test_lambda_zero_is_training_only():
 def test_v_star_stays_in_grid_and_lambda_zero_ignores_batch(vocab, batch, lam, device, mode):
     grid = Grid(tuple(vocab), tuple(batch), tuple(lam) + (0.0,))
     res = sweep(_model(device, "llama-1b", mode=mode), grid)
-    assert ((res.v_star >= 0) & (res.v_star < len(grid.vocab))).all()
+    assert np.isin(res.v_star, grid.vocab).all() and res.found.all()
     assert len(set(res.v_star[:, grid.lam.index(0.0)].tolist())) == 1
     # a larger lambda never makes V* train cheaper than the training optimum
-    assert (res.c_train[res.v_star] >= res.c_train[res.v_train] - 1e-18).all()
+    c_star = res.c_train[res.index(res.v_star)]
+    assert (c_star >= res.c_train[res.index(res.v_train)] - 1e-18).all()
 
 
 def test_sharded_sweep_equals_one_device():
@@ -78,7 +79,7 @@ def test_sharded_sweep_equals_one_device():
 def test_break_even_lambda_against_training_optimum():
     cm = _model("a10g", "paper-100m", mode="weights-only")
     res = sweep(cm, Grid())
-    t = res.v_train
+    t = res.index(res.v_train)
     for vi in range(len(res.grid.vocab)):
         for bi in range(len(res.grid.batch)):
             d_train = res.c_train[vi] - res.c_train[t]
@@ -117,8 +118,12 @@ def test_cap_batch_when_weights_do_not_fit_gives_no_v_star():
     cm = _model("l4", "llama-70b")  # 140 GB of bf16 weights on a 24 GB card
     res = sweep(cm, Grid(vocab=(32768,), batch=(1,), lam=(0.0, 1.0)), cap_batch=True)
     assert res.b_max[0] == 0
-    assert res.v_star[0, 0] == 0  # lambda = 0: training alone
-    assert res.v_star[0, 1] == -1 and math.isinf(res.j_star[0, 1])
+    assert res.v_star[0, 0] == 32768  # lambda = 0: training alone
+    assert res.v_star[0, 1] == NO_VOCAB and math.isinf(res.j_star[0, 1])
+    assert res.found.tolist() == [[True, False]]
+    with pytest.raises(UserError, match="no V is allowed or fits"):
+        res.index(res.v_star)  # "no V" is never a grid index
+    assert res.index(32768) == 0
 
 
 def test_quality_bound_excludes_poor_and_unmeasured_vocab():
@@ -126,7 +131,7 @@ def test_quality_bound_excludes_poor_and_unmeasured_vocab():
     grid = Grid(vocab=(8192, 32768, 131072, 524288), lam=(0.0, 1000.0))
     res = sweep(_model(), grid, quality=Quality(prof, 0.02))
     assert res.allowed.tolist() == [False, True, False, False]
-    assert set(res.v_star.ravel().tolist()) == {1}
+    assert set(res.v_star.ravel().tolist()) == {32768}
     loose = sweep(_model(), grid, quality=Quality(prof, 0.2))
     assert loose.allowed.tolist() == [True, True, True, False]
 

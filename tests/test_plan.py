@@ -9,7 +9,7 @@ from vocabjax.costmodel import CostModel, Settings
 from vocabjax.errors import UserError
 from vocabjax.hardware import load_device
 from vocabjax.lifecycle import DEFAULT_VOCAB
-from vocabjax.plan import make_plan, parse_workload, policy_json, subset_masks
+from vocabjax.planning import make_plan, parse_workload, policy_json, subset_masks
 from vocabjax.shapes import load_shape
 from vocabjax.xp import PyMath
 
@@ -89,7 +89,7 @@ def test_single_class_plan_is_one_head_and_matches_sweep():
     p = make_plan(cm, DEFAULT_VOCAB, parse_workload("dc:b=64:share=1"), 10.0)
     assert len(p.heads) == 1 and p.heads[0] == p.single
     res = sweep(cm, Grid(batch=(64,), lam=(10.0,)))
-    assert res.v_star[0, 0] == p.single
+    assert res.v_star[0, 0] == p.vocab[p.single]
 
 
 def test_policy_json_routes_every_batch():

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vocabjax.errors import UserError
-from vocabjax.plan import parse_workload
+from vocabjax.planning import parse_workload
 from vocabjax.units import (
     BATCH_RANGE,
     BYTES_MAX,

@@ -29,6 +29,7 @@ DEFAULT_VOCAB: tuple[int, ...] = (8192, 16384, 32768, 65536, 131072, 262144, 524
 DEFAULT_BATCH: tuple[int, ...] = (1, 4, 16, 64, 256)
 DEFAULT_LAM: tuple[float, ...] = (0.0, 1.0, 10.0, 100.0, 1000.0)
 KV_REFERENCE_VOCAB = 32768  # "by how much a larger V raises the batch that fits": against 32k
+NO_VOCAB = 0  # the V* of a point where no V is allowed or fits: no vocabulary size, no index
 BYTES_PER_POINT = 16  # f32 objective plus temporaries, per (V, B, lambda) point
 
 
@@ -80,7 +81,12 @@ class Quality:
 
 @dataclasses.dataclass(frozen=True)
 class SweepResult:
-    """Host-side arrays of one sweep; indices refer to ``grid``."""
+    """Host-side arrays of one sweep, along ``grid``'s axes.
+
+    The chosen vocabularies (``v_star``, ``v_infer``, ``v_train``) are sizes from ``grid.vocab``,
+    never grid indices; where no V is allowed or fits they hold ``NO_VOCAB`` (0), which is no
+    size, and which :meth:`index` refuses to turn into an index.
+    """
 
     grid: Grid
     c_train: np.ndarray  # [V] s / training byte
@@ -90,14 +96,29 @@ class SweepResult:
     kv_bytes_per_seq: np.ndarray  # [V]
     allowed: np.ndarray  # [V] bool, passes the quality bound
     unembed_compute_bound: np.ndarray  # [V, B] bool
-    v_star: np.ndarray  # [B, lam] index into vocab, -1 if no V is allowed
-    j_star: np.ndarray  # [B, lam] J at V*
-    v_infer: np.ndarray  # [B] index of argmin_V c_infer (lambda -> infinity)
-    v_train: int  # index of argmin_V c_train (lambda = 0)
+    v_star: np.ndarray  # [B, lam] int64 size argmin_V J, NO_VOCAB where no V is allowed
+    j_star: np.ndarray  # [B, lam] J at V* (inf where no V is allowed)
+    v_infer: np.ndarray  # [B] int64 size argmin_V c_infer (lambda -> infinity), or NO_VOCAB
+    v_train: int  # size argmin_V c_train over the allowed V (lambda = 0), or NO_VOCAB
     break_even: np.ndarray  # [V, B] lambda at which V beats v_train (inf: never)
 
-    def vocab_at(self, index: int) -> int | None:
-        return None if index < 0 else self.grid.vocab[int(index)]
+    @property
+    def found(self) -> np.ndarray:
+        """[B, lam] bool: some V is allowed and fits, so ``v_star`` is a size of the grid."""
+        return self.v_star != NO_VOCAB
+
+    def index(self, vocab):
+        """Grid index of each vocabulary size in ``vocab`` (an int or an array of them). A size
+        not in the grid, ``NO_VOCAB`` included, is a UserError rather than an index."""
+        sizes = np.asarray(vocab)
+        grid = np.asarray(self.grid.vocab)
+        at = np.minimum(np.searchsorted(grid, sizes), len(grid) - 1)
+        missing = grid[at] != sizes
+        if missing.any():
+            bad = int(sizes[missing].flat[0])
+            why = "no V is allowed or fits there" if bad == NO_VOCAB else "not in the grid"
+            raise UserError(f"vocab {bad} has no grid index: {why} (grid: {self.grid.vocab})")
+        return int(at) if at.ndim == 0 else at
 
 
 def _memory_budget() -> float:
@@ -202,6 +223,7 @@ def _objective_fn(model: CostModel, *, cap_batch: bool, quality: Quality | None)
             v_infer=v_infer,
             v_train=v_train,
             break_even=be,
+            j=j,  # [V, B, lam], inf where V is not allowed
         )
 
     return run
@@ -258,8 +280,11 @@ def sweep(
         )
     else:
         args = tuple(jax.device_put(x, devices[0]) for x in (v_pad, valid, b, lam))
-    out = jax.device_get(fn(*args))
+    out = fn(*args)
+    out.pop("j")  # J over the whole grid is for vj.objective; a sweep keeps only its argmin
+    out = jax.device_get(out)
     nv = len(grid.vocab)
+    allowed = np.asarray(out["allowed"][:nv])
     return SweepResult(
         grid=grid,
         c_train=np.asarray(out["c_train"][:nv], np.float64),
@@ -267,14 +292,21 @@ def sweep(
         batch_eff=np.asarray(out["batch_eff"][:nv]),
         b_max=np.asarray(out["b_max"][:nv]),
         kv_bytes_per_seq=np.asarray(out["kv"][:nv], np.float64),
-        allowed=np.asarray(out["allowed"][:nv]),
+        allowed=allowed,
         unembed_compute_bound=np.asarray(out["compute_bound"][:nv]),
-        v_star=np.asarray(out["v_star"]),
+        v_star=_sizes(grid, out["v_star"]),
         j_star=np.asarray(out["j_star"], np.float64),
-        v_infer=np.asarray(out["v_infer"]),
-        v_train=int(out["v_train"]),
+        v_infer=_sizes(grid, out["v_infer"]),
+        v_train=int(_sizes(grid, out["v_train"] if allowed.any() else -1)),
         break_even=np.asarray(out["break_even"][:nv], np.float64),
     )
+
+
+def _sizes(grid: Grid, index) -> np.ndarray:
+    """The grid function's argmin indices (-1: nothing allowed) as sizes (``NO_VOCAB``)."""
+    index = np.asarray(index)
+    vocab = np.asarray(grid.vocab, np.int64)
+    return np.where(index >= 0, vocab[np.maximum(index, 0)], NO_VOCAB)
 
 
 def _finite_or_none(x: float) -> float | None:
@@ -286,17 +318,18 @@ def sweep_rows(model: CostModel, result: SweepResult) -> list[dict]:
     g = result.grid
     rows = []
     for bi, b in enumerate(g.batch):
-        vi_inf = int(result.v_infer[bi])
+        v_inf = int(result.v_infer[bi])
         for li, lam in enumerate(g.lam):
-            vi = int(result.v_star[bi, li])
-            ok = vi >= 0
+            v = int(result.v_star[bi, li])
+            ok = v != NO_VOCAB
+            vi = result.index(v) if ok else None
             rows.append(
                 {
                     "device": model.device.name,
                     "model": model.shape.name,
                     "batch": b,
                     "lam": lam,
-                    "v_star": result.vocab_at(vi),
+                    "v_star": v if ok else None,
                     "cost_per_byte": _finite_or_none(result.j_star[bi, li]),
                     "train_cost_per_byte": float(result.c_train[vi]) if ok else None,
                     "infer_cost_per_byte": _finite_or_none(result.c_infer[vi, bi]) if ok else None,
@@ -311,10 +344,16 @@ def sweep_rows(model: CostModel, result: SweepResult) -> list[dict]:
                         if result.unembed_compute_bound[vi, bi]
                         else "memory"
                     ),
-                    "v_infer_only": result.vocab_at(vi_inf),
+                    "v_infer_only": v_inf if v_inf != NO_VOCAB else None,
                 }
             )
     return rows
+
+
+def train_optimal_vocab(result: SweepResult) -> int:
+    """The V_t that break-even lambda is measured against, as schema 1 reports it: the smallest
+    V of the grid where no V is allowed (every break-even is then "never")."""
+    return result.v_train if result.v_train != NO_VOCAB else result.grid.vocab[0]
 
 
 def break_even_rows(model: CostModel, result: SweepResult) -> list[dict]:
@@ -326,7 +365,7 @@ def break_even_rows(model: CostModel, result: SweepResult) -> list[dict]:
             "model": model.shape.name,
             "vocab": v,
             "batch": b,
-            "train_optimal_vocab": g.vocab[result.v_train],
+            "train_optimal_vocab": train_optimal_vocab(result),
             "break_even_lam": _finite_or_none(result.break_even[vi, bi]),
         }
         for vi, v in enumerate(g.vocab)

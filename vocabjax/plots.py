@@ -50,7 +50,7 @@ def plot_sweep(
     fig, axes = plt.subplots(len(runs), 2, figsize=(12, 4.2 * len(runs)), squeeze=False)
     for (model, res), (ax_map, ax_cost) in zip(runs, axes, strict=True):
         g = res.grid
-        v_star = np.where(res.v_star >= 0, np.asarray(g.vocab)[np.maximum(res.v_star, 0)], np.nan)
+        v_star = np.where(res.found, res.v_star, np.nan)
         im = ax_map.imshow(
             np.log2(v_star),
             origin="lower",

@@ -51,7 +51,7 @@ from jax import lax
 from vocabjax import unembed
 from vocabjax.errors import UserError
 from vocabjax.models import GPT, head_loss
-from vocabjax.plan import POLICY_KIND
+from vocabjax.planning import POLICY_KIND
 from vocabjax.profiles import (
     VOCAB_MAX,
     a_list,
