@@ -162,6 +162,15 @@ def test_sweep_with_a_profile_file_and_a_plot(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_plot_where_no_batch_fits(tmp_path):
+    # llama-70b's weights alone overflow an L4: every c_infer is inf, the log axis has no data
+    png = tmp_path / "none.png"
+    args = ("--vocab", "8k,32k", "--batch", "1,64", "--lam", "0,100", "--cap-batch")
+    out = run("sweep", *args, "--device", "l4", "--model", "llama-70b", "--plot", str(png))
+    assert out.exit_code == 0, out.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 @pytest.mark.parametrize(
     "args, code, line",
     [

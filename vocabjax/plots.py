@@ -72,14 +72,22 @@ def plot_sweep(
                     ax_map.text(li, bi, label, ha="center", va="center", color="w", fontsize=8)
         cbar = fig.colorbar(im, ax=ax_map)
         cbar.set_label("log2 V*")
+        fits = np.isfinite(res.c_infer)  # inf: that batch does not fit at that V
         for bi, b in enumerate(g.batch):
-            ax_cost.plot(g.vocab, res.c_infer[:, bi], marker="o", ms=3, label=f"B={b}")
+            if fits[:, bi].any():
+                ax_cost.plot(g.vocab, np.where(fits[:, bi], res.c_infer[:, bi], np.nan),
+                             marker="o", ms=3, label=f"B={b}")  # fmt: skip
         ax_cost.set_xscale("log", base=2)
-        ax_cost.set_yscale("log")
         ax_cost.set_xlabel("vocabulary size V")
         ax_cost.set_ylabel("inference cost, s per served byte")
         ax_cost.set_title("c_infer(V, B)")
-        ax_cost.legend(fontsize=8)
+        if fits.any():
+            ax_cost.set_yscale("log")
+            ax_cost.legend(fontsize=8)
+        else:
+            ax_cost.set_xlim(g.vocab[0] / 2, g.vocab[-1] * 2)
+            ax_cost.text(0.5, 0.5, "no batch fits in device memory at any V",
+                         ha="center", va="center", transform=ax_cost.transAxes)  # fmt: skip
         ax_cost.grid(True, which="both", alpha=0.3)
     return _finish(fig, path, caption)
 
