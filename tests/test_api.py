@@ -68,6 +68,8 @@ def test_readme_example_is_marked_short_and_runs_first():
     assert len(code.strip().splitlines()) <= 10
     first = next(c for i, _, c in _blocks(text) if i == "python")
     assert first == code  # so test_docs_api_examples_run executes it
+    readme = (ROOT / "README.md").read_text()
+    assert f"```python\n{code}```" in readme, "README's Python example differs from docs/api.md's"
 
 
 # ---- sweep ---------------------------------------------------------------------------------------
