@@ -167,6 +167,7 @@ class CostModel:
         self.w = float(BYTES_PER_ELEMENT[s.weight_dtype])
         self.k = float(BYTES_PER_ELEMENT[s.kv_dtype])
         self.a = float(BYTES_PER_ELEMENT[s.act_dtype])
+        # the ceilings at the profile's scalar efficiencies; a fitted table replaces them per op
         self.peak = device.flops(s.weight_dtype) * device.compute_efficiency
         self.bandwidth = device.hbm_bandwidth * device.memory_efficiency
         self.measured_unembed = MeasuredUnembed.from_profile(device, shape.d_model, s.weight_dtype)
@@ -221,9 +222,24 @@ class CostModel:
             )
         return ops
 
+    def compute_rate(self, flops, *, xp=jnp):
+        """Achieved FLOP/s of an op of ``flops``: the peak times e_c, or e_c(flops) from a
+        calibrated profile's table."""
+        table = self.device.compute_table
+        if table is None:
+            return self.peak
+        return self.device.flops(self.settings.weight_dtype) * table.at(flops, xp=xp)
+
+    def memory_rate(self, nbytes, *, xp=jnp):
+        """Achieved bytes/s of an op moving ``nbytes``: bandwidth times e_m, or e_m(bytes)."""
+        table = self.device.memory_table
+        if table is None:
+            return self.bandwidth
+        return self.device.hbm_bandwidth * table.at(nbytes, xp=xp)
+
     def op_time(self, op: Op, *, xp=jnp) -> OpTime:
-        t_math = op.flops / self.peak
-        t_mem = op.bytes / self.bandwidth
+        t_math = op.flops / self.compute_rate(op.flops, xp=xp)
+        t_mem = op.bytes / self.memory_rate(op.bytes, xp=xp)
         return OpTime(t_math, t_mem, xp.maximum(t_math, t_mem))
 
     def _launches(self, n_head_ops: int) -> float:
@@ -296,7 +312,10 @@ class CostModel:
         if self.training is not None:
             t_token = self.training.seconds_per_token(vocab, xp=xp)
         else:
-            t_token = self.train_flops_per_token(vocab) / self.peak
+            per_token = self.train_flops_per_token(vocab)
+            # a calibrated e_c is read at the FLOPs of one training sequence's step
+            step = per_token * float(self.settings.train_seq_tokens)
+            t_token = per_token / self.compute_rate(step, xp=xp)
         return t_token / self.beta(vocab, xp=xp)
 
     # ---- memory ------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ either a builtin name or such a JSON file.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -32,6 +33,7 @@ from vocabjax.profiles import (
     require,
     text,
 )
+from vocabjax.xp import interp
 
 Dtype = Literal["bf16", "f32"]
 DTYPES: tuple[str, ...] = ("bf16", "f32")
@@ -61,6 +63,55 @@ def _blocks(value: Any, *, where: str) -> dict[str, int]:
         )
         for k, v in blocks.items()
     }
+
+
+# A fitted efficiency may pass 1 where an op's data stays in a CPU's caches: the ceiling is the
+# bandwidth of a copy larger than every cache. 64 leaves room for that and refuses nonsense.
+MAX_FITTED_EFFICIENCY = 64.0
+MAX_KNOTS = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class EfficiencyTable:
+    """Achieved over peak as a function of an op's size: piecewise linear in log(size) through
+    the knots ``(size, efficiency)``, held at the end values outside them. ``sizes`` are FLOPs
+    (a compute table) or bytes (a memory table), increasing; written by ``validate --fit``."""
+
+    sizes: tuple[float, ...]
+    values: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not 1 <= len(self.sizes) == len(self.values) <= MAX_KNOTS:
+            raise UserError(f"an efficiency table needs 1..{MAX_KNOTS} (size, efficiency) knots")
+        if any(b <= a for a, b in zip(self.sizes, self.sizes[1:], strict=False)):
+            raise UserError("an efficiency table's sizes must increase")
+
+    def at(self, size, *, xp):
+        """The efficiency at ``size`` (Python float or traced array)."""
+        log_sizes = [math.log(x) for x in self.sizes]
+        return interp(xp.log(xp.maximum(size, 1.0)), log_sizes, list(self.values), xp=xp)
+
+    def to_json(self) -> list[list[float]]:
+        return [[s, v] for s, v in zip(self.sizes, self.values, strict=True)]
+
+    @classmethod
+    def from_json(cls, value: Any, *, where: str) -> EfficiencyTable:
+        rows = a_list(value, where=where, nonempty=True)
+        if len(rows) > MAX_KNOTS:
+            raise UserError(f"{where} has {len(rows)} knots; at most {MAX_KNOTS}")
+        sizes, values = [], []
+        for i, row in enumerate(rows):
+            at = f"{where}[{i}]"
+            pair = a_list(row, where=at)
+            if len(pair) != 2:
+                raise UserError(f"{at} must be [size, efficiency], got {len(pair)} items")
+            sizes.append(positive_number(pair[0], where=f"{at} size"))
+            values.append(
+                positive_number(pair[1], where=f"{at} efficiency", maximum=MAX_FITTED_EFFICIENCY)
+            )
+        if any(b <= a for a, b in zip(sizes, sizes[1:], strict=False)):
+            raise UserError(f"{where}: sizes must increase")
+        return cls(tuple(sizes), tuple(values))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +168,11 @@ class DeviceProfile:
     kernels: tuple[KernelTiming, ...] = ()  # every candidate autotune timed
     best: tuple[KernelTiming, ...] = ()  # the fastest candidate per (op, vocab, batch, d, dtype)
     measured: bool = False  # True for a profile written by autotune
+    # Fitted by ``validate --fit``: efficiency by op size, replacing the scalar e_c / e_m above,
+    # and how the fit was made (points, split, errors before and after, residual spread).
+    compute_table: EfficiencyTable | None = None  # e_c by an op's FLOPs
+    memory_table: EfficiencyTable | None = None  # e_m by an op's bytes
+    calibration: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.peak_flops:
@@ -166,10 +222,19 @@ class DeviceProfile:
             "efficiency": {
                 "compute": self.compute_efficiency,
                 "memory": self.memory_efficiency,
+                **(
+                    {"compute_by_flops": self.compute_table.to_json()} if self.compute_table else {}
+                ),
+                **({"memory_by_bytes": self.memory_table.to_json()} if self.memory_table else {}),
             },
+            **({"calibration": dict(self.calibration)} if self.calibration is not None else {}),
             "kernels": [k.to_json() for k in self.kernels],
             "best": [k.to_json() for k in self.best],
         }
+
+    @property
+    def calibrated(self) -> bool:
+        return self.calibration is not None
 
     @classmethod
     def from_json(cls, data: Any, *, where: str = "device profile") -> DeviceProfile:
@@ -194,11 +259,19 @@ class DeviceProfile:
             for k, v in peak.items()
         }
         efficiency = an_object(data.get("efficiency", {}), where=f"{where}: efficiency")
-        closed(efficiency, ("compute", "memory"), where=f"{where}: efficiency")
+        closed(efficiency, EFFICIENCY_FIELDS, where=f"{where}: efficiency")
         e_c, e_m = (
             positive_number(efficiency.get(k, 1.0), where=f"{where}: efficiency.{k}", maximum=1.0)
             for k in ("compute", "memory")
         )
+        tables = {
+            field: EfficiencyTable.from_json(efficiency[key], where=f"{where}: efficiency.{key}")
+            for field, key in TABLE_FIELDS.items()
+            if key in efficiency
+        }
+        calibration = None
+        if "calibration" in data:
+            calibration = dict(an_object(data["calibration"], where=f"{where}: calibration"))
         rows = {}
         for key in ("kernels", "best"):
             value = a_list(data.get(key, []), where=f"{where}: {key}")
@@ -221,6 +294,8 @@ class DeviceProfile:
             compute_efficiency=e_c,
             memory_efficiency=e_m,
             measured=boolean(data.get("measured", False), where=f"{where}: measured"),
+            calibration=calibration,
+            **tables,
             **rows,
         )
 
@@ -228,8 +303,10 @@ class DeviceProfile:
 KERNEL_FIELDS = tuple(f.name for f in dataclasses.fields(KernelTiming))
 DEVICE_FIELDS = (
     "schema", "kind", "name", "source", "measured", "memory_bytes", "dtype", "ceilings",
-    "efficiency", "kernels", "best",
+    "efficiency", "calibration", "kernels", "best",
 )  # fmt: skip
+TABLE_FIELDS = {"compute_table": "compute_by_flops", "memory_table": "memory_by_bytes"}
+EFFICIENCY_FIELDS = ("compute", "memory", *TABLE_FIELDS.values())
 CEILING_FIELDS = ("hbm_bandwidth", "peak_flops", "ridge_point", "launch_overhead_s")
 
 

@@ -1,0 +1,130 @@
+"""The efficiency fit (vocabjax.calibration): it recovers known parameters from synthetic
+timings, prices exactly as the cost model does, and round-trips through the profile JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from vocabjax.calibration import MIN_FIT_SAMPLES, Sample, fit_profile, is_held_out, predict_samples
+from vocabjax.costmodel import CostModel, Settings
+from vocabjax.errors import UserError
+from vocabjax.hardware import DeviceProfile, EfficiencyTable, load_device
+from vocabjax.shapes import load_shape
+from vocabjax.xp import PyMath
+
+BASE = dataclasses.replace(load_device("a100-80gb"), launch_overhead_s=4e-6)
+TRUTH = dataclasses.replace(
+    BASE,
+    launch_overhead_s=9e-6,
+    compute_table=EfficiencyTable((1e8, 1e10, 1e12, 1e14), (0.05, 0.3, 0.7, 0.8)),
+    memory_table=EfficiencyTable((1e5, 1e7, 1e9, 1e11), (0.1, 0.45, 0.8, 0.85)),
+)
+
+
+def synthetic(n: int = 160, seed: int = 0) -> list[Sample]:
+    """Points with 1-3 ops of sizes spread over the tables' range; times from TRUTH."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        k = int(rng.integers(1, 4))
+        flops = tuple(float(10 ** rng.uniform(8, 14)) for _ in range(k))
+        nbytes = tuple(float(10 ** rng.uniform(5, 11)) for _ in range(k))
+        s = Sample(f"p{i}", "decode", flops, nbytes, float(rng.integers(1, 40)), 1.0)
+        out.append(s)
+    times = predict_samples(TRUTH, out, dtype="bf16")
+    return [dataclasses.replace(s, measured_s=float(t)) for s, t in zip(out, times)]
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    samples = synthetic()
+    return samples, fit_profile(BASE, samples, dtype="bf16", source="synthetic")
+
+
+def test_the_fit_recovers_synthetic_timings(fitted):
+    samples, fit = fitted
+    held = [s for s in samples if s.key in fit.held_keys]
+    assert held and len(held) + len(fit.fit_keys) == len(samples)
+    truth = np.array([s.measured_s for s in held])
+    before = predict_samples(BASE, held, dtype="bf16")
+    after = predict_samples(fit.profile, held, dtype="bf16")
+    err_before = np.abs(before / truth - 1)
+    err_after = np.abs(after / truth - 1)
+    assert np.median(err_before) > 0.15  # the datasheet is far off these timings
+    assert np.median(err_after) < 0.05 and err_after.max() < 0.3
+    assert fit.log_residual_sd < 0.1
+    assert fit.profile.launch_overhead_s == pytest.approx(9e-6, rel=0.3)
+    cal = fit.profile.calibration
+    assert cal["fit_points"] == len(fit.fit_keys) and cal["held_out_points"] == len(held)
+
+
+def test_the_cost_model_prices_with_the_fitted_tables(fitted):
+    """A decode step priced by CostModel equals the fit's own pricing of its ops."""
+    _, fit = fitted
+    cm = CostModel(fit.profile, load_shape("llama-8b"), Settings())
+    v, b, t = 32768.0, 16.0, 1024.0
+    ops = cm.decode_ops(v, b, t)
+    launches = cm.shape.n_layers * cm.settings.launches_per_layer + 3
+    sample = Sample(
+        "x",
+        "decode",
+        tuple(float(o.flops) for o in ops.values()),
+        tuple(float(o.bytes) for o in ops.values()),
+        float(launches),
+        1.0,
+    )
+    ours = predict_samples(fit.profile, [sample], dtype="bf16")[0]
+    assert cm.decode_step(v, b, t, xp=PyMath) == pytest.approx(ours, rel=1e-9)
+    import jax.numpy as jnp
+
+    assert float(cm.decode_step(jnp.float32(v), b, t)) == pytest.approx(ours, rel=1e-5)
+
+
+def test_a_calibrated_profile_round_trips_and_sweeps(fitted, tmp_path):
+    from click.testing import CliRunner
+
+    import cli
+    from vocabjax.hardware import save_device
+
+    _, fit = fitted
+    path = save_device(fit.profile, tmp_path / "cal.json")
+    back = load_device(str(path))
+    assert back == fit.profile and back.calibrated
+    args = ["sweep", "--vocab", "8k,32k", "--batch", "1,64", "--lam", "0,100", "--format", "json"]
+    a = CliRunner().invoke(cli.main, [*args, "--device", str(path)])
+    b = CliRunner().invoke(cli.main, [*args, "--device", "a100-80gb"])
+    assert a.exit_code == 0 and b.exit_code == 0, a.output + b.output
+    assert a.stdout != b.stdout  # the tables change the costs
+
+
+def test_too_few_points_is_one_clear_error():
+    samples = synthetic(n=10)
+    with pytest.raises(UserError, match=f"at least {MIN_FIT_SAMPLES} points in the fit split"):
+        fit_profile(BASE, samples, dtype="bf16", source="x")
+
+
+def test_the_split_is_by_content():
+    keys = [f"point {i}" for i in range(3000)]
+    share = np.mean([is_held_out(k) for k in keys])
+    assert 0.3 < share < 0.37
+    assert [is_held_out(k) for k in keys[:50]] == [is_held_out(k) for k in keys[:50]]
+
+
+@pytest.mark.parametrize(
+    "table, message",
+    [
+        ([[1e6, 0.5], [1e5, 0.6]], "sizes must increase"),
+        ([[1e6, 0.0]], "efficiency must be > 0"),
+        ([[1e6, 65.0]], r"efficiency must be in \(0, 64\]"),
+        ([[1e6]], "must be \\[size, efficiency\\]"),
+        ([], "must be a non-empty list"),
+    ],
+)
+def test_bad_tables_are_one_error(table, message):
+    data = BASE.to_json()
+    data["efficiency"]["memory_by_bytes"] = table
+    with pytest.raises(UserError, match=message):
+        DeviceProfile.from_json(data, where="p.json")

@@ -1,0 +1,227 @@
+"""Calibrating a device profile on measured times: the efficiency tables of ``validate --fit``.
+
+The roofline prices an op at ``max(F / (P e_c), Y / (BW e_m))`` and a step at the sum of its ops
+plus ``n`` launches of ``l`` seconds (costmodel.py). A datasheet profile has e_c = e_m = 1; real
+kernels reach less on small ops (launch-bound, too few blocks to fill the device) and, on a CPU,
+more than a large copy's bandwidth where the data stays in cache. The fit replaces the two
+scalars with tables over the op's size and refits ``l``:
+
+    e_c(F) = interp(log F; knots, exp(u_c)),   e_m(Y) = interp(log Y; knots, exp(u_m))
+
+with ``KNOTS`` knots each, log-spaced over the sizes the samples hold, fitted by least squares
+on the log of the step time (every point weighs alike whether it takes a microsecond or a
+second), with a small penalty on the difference of neighbouring knots so that a knot no op
+reaches follows its neighbours. The model priced with the fitted profile is the very same
+``CostModel.op_time`` (``EfficiencyTable.at`` is this interpolation), which a test checks.
+
+Samples are split by a hash of their key: about a third are held out and never seen by the fit;
+the errors before and after are reported on them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from vocabjax.errors import UserError
+from vocabjax.hardware import MAX_FITTED_EFFICIENCY, DeviceProfile, EfficiencyTable
+from vocabjax.xp import interp
+
+KNOTS = 4  # per table; with the launch overhead 2 * KNOTS + 1 parameters
+N_PARAMS = 2 * KNOTS + 1
+MIN_FIT_SAMPLES = 12  # above N_PARAMS, so the fit is overdetermined
+HELD_OUT = 1 / 3
+SMOOTHNESS = 1e-2  # weight of the squared log-efficiency differences between neighbour knots
+STEPS = 3000
+LEARNING_RATE = 0.05
+MIN_LAUNCH_S = 1e-9
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    """One measured point as the fit sees it: the work of each op it re-prices, the launches,
+    the time of whatever it does not re-price (an autotuned kernel time), and the measurement."""
+
+    key: str  # stable identity of the point (shape, family, V, B, T): decides the split
+    family: str  # decode, prefill, train, backbone, attention, unembedding
+    flops: tuple[float, ...]  # per op
+    nbytes: tuple[float, ...]  # per op; 0 where the model prices no bytes (compute only)
+    launches: float
+    measured_s: float
+    fixed_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if len(self.flops) != len(self.nbytes):
+            raise ValueError("flops and nbytes need one entry per op")
+        if not (math.isfinite(self.measured_s) and self.measured_s > 0):
+            raise UserError(f"point {self.key}: measured time {self.measured_s!r} must be > 0")
+
+
+def is_held_out(key: str, fraction: float = HELD_OUT) -> bool:
+    """Deterministic split by content: the same point is held out on every run and machine."""
+    h = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
+    return h / 2**64 < fraction
+
+
+@dataclasses.dataclass(frozen=True)
+class Fit:
+    """A fitted profile and how well it does."""
+
+    profile: DeviceProfile
+    fit_keys: tuple[str, ...]
+    held_keys: tuple[str, ...]
+    log_residual_sd: float  # spread of log(predicted / measured) on the fit split, after
+
+    def summary(self) -> dict[str, Any]:
+        return dict(self.profile.calibration or {})
+
+
+def _knots(values: np.ndarray) -> np.ndarray:
+    pos = values[values > 0]
+    if pos.size == 0:
+        return np.geomspace(1.0, 2.0, KNOTS)
+    lo, hi = float(pos.min()), float(pos.max())
+    if hi <= lo * 1.01:
+        hi = lo * 2.0
+    return np.geomspace(lo, hi, KNOTS)
+
+
+def _pad(samples: Sequence[Sample]) -> tuple[np.ndarray, ...]:
+    n_ops = max(len(s.flops) for s in samples)
+    flops = np.zeros((len(samples), n_ops))
+    nbytes = np.zeros((len(samples), n_ops))
+    for i, s in enumerate(samples):
+        flops[i, : len(s.flops)] = s.flops
+        nbytes[i, : len(s.nbytes)] = s.nbytes
+    launches = np.array([s.launches for s in samples], float)
+    fixed = np.array([s.fixed_s for s in samples], float)
+    measured = np.array([s.measured_s for s in samples], float)
+    return flops, nbytes, launches, fixed, measured
+
+
+def _predict(params, arrays, *, peak, bandwidth, c_knots, m_knots):
+    """Step times under ``params`` (u_c, u_m, u_l), as CostModel.op_time prices each op."""
+    flops, nbytes, launches, fixed = arrays
+    e_c = interp(jnp.log(jnp.maximum(flops, 1.0)), c_knots, jnp.exp(params["u_c"]), xp=jnp)
+    e_m = interp(jnp.log(jnp.maximum(nbytes, 1.0)), m_knots, jnp.exp(params["u_m"]), xp=jnp)
+    t_ops = jnp.maximum(flops / (peak * e_c), nbytes / (bandwidth * e_m))
+    return t_ops.sum(axis=1) + launches * jnp.exp(params["u_l"]) + fixed
+
+
+def fit_profile(
+    device: DeviceProfile, samples: Sequence[Sample], *, dtype: str, source: str
+) -> Fit:
+    """Fit ``device``'s efficiency tables and launch overhead on the fit split of ``samples``
+    (``dtype``: the peak the samples ran at). The returned profile carries the tables and a
+    ``calibration`` record: the knots' provenance, the split, and the held-out errors before and
+    after. Raises UserError when the fit split is smaller than ``MIN_FIT_SAMPLES``."""
+    fit = [s for s in samples if not is_held_out(s.key)]
+    held = [s for s in samples if is_held_out(s.key)]
+    if len(fit) < MIN_FIT_SAMPLES:
+        raise UserError(
+            f"fitting {N_PARAMS} parameters needs at least {MIN_FIT_SAMPLES} points in the fit "
+            f"split; {len(samples)} points gave {len(fit)} (a third are held out): use a larger "
+            "grid"
+        )
+    if not held:
+        raise UserError(f"none of the {len(samples)} points fell in the held-out split")
+    peak, bandwidth = device.flops(dtype), device.hbm_bandwidth
+    flops, nbytes, launches, fixed, measured = _pad(fit)
+    c_knots, m_knots = _knots(flops), _knots(nbytes)
+    log_c, log_m = [math.log(k) for k in c_knots], [math.log(k) for k in m_knots]
+    arrays = tuple(jnp.asarray(a, jnp.float32) for a in (flops, nbytes, launches, fixed))
+    log_meas = jnp.log(jnp.asarray(measured, jnp.float32))
+    predict = jax.tree_util.Partial(
+        _predict, peak=peak, bandwidth=bandwidth, c_knots=log_c, m_knots=log_m
+    )
+    cap = math.log(MAX_FITTED_EFFICIENCY)
+
+    def loss(params):
+        resid = jnp.log(predict(params, arrays)) - log_meas
+        smooth = jnp.sum(jnp.diff(params["u_c"]) ** 2) + jnp.sum(jnp.diff(params["u_m"]) ** 2)
+        return jnp.mean(resid**2) + SMOOTHNESS * smooth
+
+    opt = optax.adam(LEARNING_RATE)
+
+    @jax.jit
+    def run(params):
+        def step(carry, _):
+            params, state = carry
+            grads = jax.grad(loss)(params)
+            with jax.numpy_dtype_promotion("standard"):  # optax mixes its int32 step count
+                updates, state = opt.update(grads, state, params)
+            params = optax.apply_updates(params, updates)
+            params = {
+                "u_c": jnp.clip(params["u_c"], -20.0, cap),
+                "u_m": jnp.clip(params["u_m"], -20.0, cap),
+                "u_l": jnp.clip(params["u_l"], math.log(MIN_LAUNCH_S), 0.0),
+            }
+            return (params, state), None
+
+        (params, _), _ = jax.lax.scan(step, (params, opt.init(params)), None, length=STEPS)
+        return params
+
+    start = {
+        "u_c": jnp.full(KNOTS, math.log(device.compute_efficiency), jnp.float32),
+        "u_m": jnp.full(KNOTS, math.log(device.memory_efficiency), jnp.float32),
+        "u_l": jnp.float32(math.log(max(device.launch_overhead_s, MIN_LAUNCH_S))),
+    }
+    params = jax.device_get(run(start))
+    if not all(np.all(np.isfinite(v)) for v in params.values()):
+        raise UserError("the fit did not converge (a parameter is not finite)")
+    sd = float(np.std(np.log(np.asarray(predict(params, arrays))) - np.asarray(log_meas)))
+    profile = dataclasses.replace(
+        device,
+        launch_overhead_s=float(np.exp(params["u_l"])),
+        compute_table=_table(c_knots, params["u_c"]),
+        memory_table=_table(m_knots, params["u_m"]),
+        source=f"{device.source}; calibrated: {source}",
+        calibration={
+            "source": source,
+            "method": f"least squares on log step time, {KNOTS} log-spaced knots per table, "
+            f"launch overhead refitted; {len(fit)} points fitted, {len(held)} held out "
+            "by a hash of each point's key",
+            "base_launch_overhead_s": device.launch_overhead_s,
+            "fit_points": len(fit),
+            "held_out_points": len(held),
+            "log_residual_sd": sd,
+        },
+    )
+    return Fit(
+        profile=profile,
+        fit_keys=tuple(s.key for s in fit),
+        held_keys=tuple(s.key for s in held),
+        log_residual_sd=sd,
+    )
+
+
+def _table(knots: np.ndarray, u: np.ndarray) -> EfficiencyTable:
+    values = np.clip(np.exp(np.asarray(u, float)), 1e-9, MAX_FITTED_EFFICIENCY)
+    return EfficiencyTable(tuple(float(k) for k in knots), tuple(float(v) for v in values))
+
+
+def predict_samples(profile: DeviceProfile, samples: Sequence[Sample], *, dtype: str) -> np.ndarray:
+    """Step times of ``samples`` under ``profile``'s tables (or scalars): the fit's own pricing,
+    for tests and for re-pricing without a cost model."""
+    flops, nbytes, launches, fixed, _ = _pad(samples)
+    peak, bandwidth = profile.flops(dtype), profile.hbm_bandwidth
+    e_c = (
+        profile.compute_table.at(flops, xp=np)
+        if profile.compute_table
+        else profile.compute_efficiency
+    )
+    e_m = (
+        profile.memory_table.at(nbytes, xp=np)
+        if profile.memory_table
+        else profile.memory_efficiency
+    )
+    t_ops = np.maximum(flops / (peak * e_c), nbytes / (bandwidth * e_m))
+    return t_ops.sum(axis=1) + launches * profile.launch_overhead_s + fixed
