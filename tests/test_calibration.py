@@ -75,6 +75,7 @@ def test_the_cost_model_prices_with_the_fitted_tables(fitted):
         tuple(float(o.bytes) for o in ops.values()),
         float(launches),
         1.0,
+        kernels=tuple(float(o.kernels) for o in ops.values()),
     )
     ours = predict_samples(fit.profile, [sample], dtype="bf16")[0]
     assert cm.decode_step(v, b, t, xp=PyMath) == pytest.approx(ours, rel=1e-9)

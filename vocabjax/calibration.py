@@ -57,10 +57,15 @@ class Sample:
     launches: float
     measured_s: float
     fixed_s: float = 0.0
+    kernels: tuple[float, ...] = ()  # per op (Op.kernels): efficiency is read at one's size
 
     def __post_init__(self) -> None:
         if len(self.flops) != len(self.nbytes):
             raise ValueError("flops and nbytes need one entry per op")
+        if not self.kernels:
+            object.__setattr__(self, "kernels", (1.0,) * len(self.flops))
+        if len(self.kernels) != len(self.flops):
+            raise ValueError("kernels needs one entry per op")
         if not (math.isfinite(self.measured_s) and self.measured_s > 0):
             raise UserError(f"point {self.key}: measured time {self.measured_s!r} must be > 0")
 
@@ -98,20 +103,24 @@ def _pad(samples: Sequence[Sample]) -> tuple[np.ndarray, ...]:
     n_ops = max(len(s.flops) for s in samples)
     flops = np.zeros((len(samples), n_ops))
     nbytes = np.zeros((len(samples), n_ops))
+    kernels = np.ones((len(samples), n_ops))
     for i, s in enumerate(samples):
         flops[i, : len(s.flops)] = s.flops
         nbytes[i, : len(s.nbytes)] = s.nbytes
+        kernels[i, : len(s.kernels)] = s.kernels
     launches = np.array([s.launches for s in samples], float)
     fixed = np.array([s.fixed_s for s in samples], float)
     measured = np.array([s.measured_s for s in samples], float)
-    return flops, nbytes, launches, fixed, measured
+    return flops, nbytes, kernels, launches, fixed, measured
 
 
 def _predict(params, arrays, *, peak, bandwidth, c_knots, m_knots):
     """Step times under ``params`` (u_c, u_m, u_l), as CostModel.op_time prices each op."""
-    flops, nbytes, launches, fixed = arrays
-    e_c = interp(jnp.log(jnp.maximum(flops, 1.0)), c_knots, jnp.exp(params["u_c"]), xp=jnp)
-    e_m = interp(jnp.log(jnp.maximum(nbytes, 1.0)), m_knots, jnp.exp(params["u_m"]), xp=jnp)
+    flops, nbytes, kernels, launches, fixed = arrays
+    one_f = jnp.log(jnp.maximum(flops / kernels, 1.0))  # one kernel's size, as Op.kernels says
+    one_y = jnp.log(jnp.maximum(nbytes / kernels, 1.0))
+    e_c = interp(one_f, c_knots, jnp.exp(params["u_c"]), xp=jnp)
+    e_m = interp(one_y, m_knots, jnp.exp(params["u_m"]), xp=jnp)
     t_ops = jnp.maximum(flops / (peak * e_c), nbytes / (bandwidth * e_m))
     return t_ops.sum(axis=1) + launches * jnp.exp(params["u_l"]) + fixed
 
@@ -134,10 +143,10 @@ def fit_profile(
     if not held:
         raise UserError(f"none of the {len(samples)} points fell in the held-out split")
     peak, bandwidth = device.flops(dtype), device.hbm_bandwidth
-    flops, nbytes, launches, fixed, measured = _pad(fit)
-    c_knots, m_knots = _knots(flops), _knots(nbytes)
+    flops, nbytes, kernels, launches, fixed, measured = _pad(fit)
+    c_knots, m_knots = _knots(flops / kernels), _knots(nbytes / kernels)
     log_c, log_m = [math.log(k) for k in c_knots], [math.log(k) for k in m_knots]
-    arrays = tuple(jnp.asarray(a, jnp.float32) for a in (flops, nbytes, launches, fixed))
+    arrays = tuple(jnp.asarray(a, jnp.float32) for a in (flops, nbytes, kernels, launches, fixed))
     log_meas = jnp.log(jnp.asarray(measured, jnp.float32))
     predict = jax.tree_util.Partial(
         _predict, peak=peak, bandwidth=bandwidth, c_knots=log_c, m_knots=log_m
@@ -211,17 +220,10 @@ def _table(knots: np.ndarray, u: np.ndarray) -> EfficiencyTable:
 def predict_samples(profile: DeviceProfile, samples: Sequence[Sample], *, dtype: str) -> np.ndarray:
     """Step times of ``samples`` under ``profile``'s tables (or scalars): the fit's own pricing,
     for tests and for re-pricing without a cost model."""
-    flops, nbytes, launches, fixed, _ = _pad(samples)
+    flops, nbytes, kernels, launches, fixed, _ = _pad(samples)
     peak, bandwidth = profile.flops(dtype), profile.hbm_bandwidth
-    e_c = (
-        profile.compute_table.at(flops, xp=np)
-        if profile.compute_table
-        else profile.compute_efficiency
-    )
-    e_m = (
-        profile.memory_table.at(nbytes, xp=np)
-        if profile.memory_table
-        else profile.memory_efficiency
-    )
+    c, m = profile.compute_table, profile.memory_table
+    e_c = c.at(flops / kernels, xp=np) if c else profile.compute_efficiency
+    e_m = m.at(nbytes / kernels, xp=np) if m else profile.memory_efficiency
     t_ops = np.maximum(flops / (peak * e_c), nbytes / (bandwidth * e_m))
     return t_ops.sum(axis=1) + launches * profile.launch_overhead_s + fixed

@@ -75,10 +75,15 @@ class Settings:
 
 
 class Op(NamedTuple):
-    """Work of one op: FLOPs and bytes moved to or from device memory."""
+    """Work of one op: FLOPs and bytes moved to or from device memory, done by ``kernels``
+    kernels of equal size (a calibrated efficiency is read at one kernel's size)."""
 
     flops: object
     bytes: object
+    kernels: float = 1.0
+
+
+MATMULS_PER_LAYER = 4  # QKV, attention output, MLP in (up and gate fused), MLP out
 
 
 class OpTime(NamedTuple):
@@ -188,7 +193,9 @@ class CostModel:
         ops = {
             "embedding": Op(0.0 * batch, batch * d * self.w),
             "backbone": Op(
-                2.0 * batch * n_nv, self.w * n_nv + batch * L * self._act_width * self.a
+                2.0 * batch * n_nv,
+                self.w * n_nv + batch * L * self._act_width * self.a,
+                L * MATMULS_PER_LAYER,
             ),
             "unembedding": Op(2.0 * batch * vocab * d, self.w * vocab * d + logits),
             "sampling": Op(ELEMENTWISE_FLOPS * batch * vocab, logits),
@@ -197,6 +204,7 @@ class CostModel:
             ops["attention"] = Op(
                 4.0 * batch * context * float(m.n_heads * m.dh) * L,
                 batch * context * float(2 * m.n_kv_heads * m.dh) * self.k * L,
+                L,
             )
         return ops
 
@@ -208,7 +216,9 @@ class CostModel:
         ops = {
             "embedding": Op(0.0 * tokens, tokens * d * self.w),
             "backbone": Op(
-                2.0 * tokens * n_nv, self.w * n_nv + tokens * L * self._act_width * self.a
+                2.0 * tokens * n_nv,
+                self.w * n_nv + tokens * L * self._act_width * self.a,
+                L * MATMULS_PER_LAYER,
             ),
             "unembedding": Op(
                 2.0 * batch * vocab * d, self.w * vocab * d + batch * vocab * LOGIT_BYTES
@@ -219,6 +229,7 @@ class CostModel:
             ops["attention"] = Op(
                 2.0 * batch * prompt_tokens * prompt_tokens * float(m.n_heads * m.dh) * L,
                 tokens * float(2 * m.n_kv_heads * m.dh) * self.k * L,
+                L,
             )
         return ops
 
@@ -238,8 +249,8 @@ class CostModel:
         return self.device.hbm_bandwidth * table.at(nbytes, xp=xp)
 
     def op_time(self, op: Op, *, xp=jnp) -> OpTime:
-        t_math = op.flops / self.compute_rate(op.flops, xp=xp)
-        t_mem = op.bytes / self.memory_rate(op.bytes, xp=xp)
+        t_math = op.flops / self.compute_rate(op.flops / op.kernels, xp=xp)
+        t_mem = op.bytes / self.memory_rate(op.bytes / op.kernels, xp=xp)
         return OpTime(t_math, t_mem, xp.maximum(t_math, t_mem))
 
     def _launches(self, n_head_ops: int) -> float:
