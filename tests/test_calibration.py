@@ -129,3 +129,38 @@ def test_bad_tables_are_one_error(table, message):
     data["efficiency"]["memory_by_bytes"] = table
     with pytest.raises(UserError, match=message):
         DeviceProfile.from_json(data, where="p.json")
+
+
+def test_the_builtin_calibrated_gpu_profiles():
+    for name in ("a100-80gb", "h100-sxm"):
+        cal, sheet = load_device(f"{name}-calibrated"), load_device(name)
+        assert cal.calibrated and not sheet.calibrated
+        assert cal.peak_flops == sheet.peak_flops and cal.hbm_bandwidth == sheet.hbm_bandwidth
+        assert "vidur" in cal.calibration["source"] and "vidur" in cal.source
+        err = cal.calibration["held_out_median_abs_error_pct"]
+        assert err["after"] < err["before"]
+
+
+@pytest.mark.slow
+def test_the_committed_gpu_tables_are_what_the_fit_gives(monkeypatch):
+    """vocabjax/gpu_calibrations.py is reproduced by fitting sims/data (sims/calibrate_gpu.py)."""
+    import importlib.util
+    from pathlib import Path
+
+    from vocabjax.gpu_calibrations import GPU_CALIBRATIONS
+
+    path = Path(__file__).resolve().parents[1] / "sims" / "calibrate_gpu.py"
+    monkeypatch.syspath_prepend(str(path.parent))  # its `import _common`
+    spec = importlib.util.spec_from_file_location("calibrate_gpu", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    for name, file in script.FILES.items():
+        samples, source = script.read(path.parent / "data" / file)
+        fit = fit_profile(load_device(name), samples, dtype="bf16", source=source)
+        committed = GPU_CALIBRATIONS[name]
+        for key, table in (("compute_by_flops", fit.profile.compute_table),
+                           ("memory_by_bytes", fit.profile.memory_table)):  # fmt: skip
+            np.testing.assert_allclose(table.to_json(), committed[key], rtol=1e-3)
+        assert fit.profile.launch_overhead_s == pytest.approx(
+            committed["launch_overhead_s"], rel=1e-3
+        )

@@ -394,6 +394,30 @@ BUILTIN_DEVICES: Mapping[str, DeviceProfile] = {
     )
 }
 
+
+def _calibrated(name: str) -> DeviceProfile:
+    """The datasheet profile ``name`` with the efficiency tables vocabjax/gpu_calibrations.py
+    holds (fitted by sims/calibrate_gpu.py on published per-op kernel timings)."""
+    from vocabjax.gpu_calibrations import GPU_CALIBRATIONS
+
+    entry = GPU_CALIBRATIONS[name]
+    base = BUILTIN_DEVICES[name]
+    return dataclasses.replace(
+        base,
+        name=f"{name}-calibrated",
+        launch_overhead_s=entry["launch_overhead_s"],
+        compute_table=EfficiencyTable.from_json(entry["compute_by_flops"], where=name),
+        memory_table=EfficiencyTable.from_json(entry["memory_by_bytes"], where=name),
+        calibration=entry["calibration"],
+        source=f"{base.source}; calibrated: {entry['calibration']['source']}",
+    )
+
+
+BUILTIN_DEVICES = {
+    **BUILTIN_DEVICES,
+    **{p.name: p for p in (_calibrated("a100-80gb"), _calibrated("h100-sxm"))},
+}
+
 DEFAULT_DEVICE = "a100-80gb"
 
 
