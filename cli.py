@@ -19,7 +19,7 @@ from vocabjax import render
 from vocabjax.compression import load_compression
 from vocabjax.costmodel import COST_MODES, CostModel, Settings
 from vocabjax.errors import UserError
-from vocabjax.hardware import BUILTIN_DEVICES, DEFAULT_DEVICE, load_device
+from vocabjax.hardware import BUILTIN_DEVICES, DEFAULT_DEVICE, calibration_note, load_device
 from vocabjax.lifecycle import (
     DEFAULT_BATCH,
     DEFAULT_LAM,
@@ -283,6 +283,8 @@ def _build_models(
                 f"{cm.device.name}: decode unembedding from measured kernel times "
                 f"(d_model={cm.measured_unembed.d_model})"
             )
+    for device in {cm.device.name: cm.device for cm in built}.values():
+        log(calibration_note(device))
     return built, quality, curve
 
 

@@ -54,8 +54,8 @@ def work(op: str, n: int) -> tuple[float, float]:
 
 
 def read(path: Path) -> tuple[list[Sample], str]:
+    """The samples of one data file, and a short source (the file's header cites it in full)."""
     lines = path.read_text().splitlines()
-    header = [line[2:] for line in lines if line.startswith("# ")]
     rows = csv.DictReader(line for line in lines if not line.startswith("#"))
     samples = []
     for r in rows:
@@ -63,7 +63,10 @@ def read(path: Path) -> tuple[list[Sample], str]:
         flops, nbytes = work(r["op"], n)
         key = f"{r['op']}:{n}"
         samples.append(Sample(key, r["op"], (flops,), (nbytes,), 1.0, float(r["median_ms"]) / 1e3))
-    return samples, " ".join(header[1:4])
+    return (
+        samples,
+        f"microsoft/vidur per-op kernel times of Llama-2-7B bf16 (sims/data/{path.name})",
+    )
 
 
 def errors(pred: np.ndarray, samples) -> np.ndarray:
@@ -139,7 +142,7 @@ def main() -> None:
     for name, file in FILES.items():
         base = BUILTIN_DEVICES[name]
         samples, source = read(ROOT / "sims" / "data" / file)
-        fit = fit_profile(base, samples, dtype="bf16", source=f"vidur per-op timings: {source}")
+        fit = fit_profile(base, samples, dtype="bf16", source=source)
         held = [s for s in samples if s.key in set(fit.held_keys)]
         before = np.abs(errors(predict_samples(base, held, dtype="bf16"), held))
         after = np.abs(errors(predict_samples(fit.profile, held, dtype="bf16"), held))

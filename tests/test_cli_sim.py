@@ -54,7 +54,7 @@ def test_sweep_json_is_json_alone():
 
 def test_sweep_csv_and_markdown():
     out = run("sweep", *SMALL, "--format", "csv")
-    rows = list(csv.DictReader(io.StringIO(out.output)))
+    rows = list(csv.DictReader(io.StringIO(out.stdout)))
     assert len(rows) == 4 and rows[0]["device"] == "a100-80gb"
     md = run("sweep", *SMALL, "--format", "markdown", "--break-even")
     assert md.exit_code == 0 and "| B | lam=0 | lam=100 | infer-only |" in md.output
@@ -196,7 +196,8 @@ def test_a_plot_where_no_batch_fits(tmp_path):
             ["--device", "tpu9"],
             1,
             "Error: unknown device 'tpu9' (builtin: a10g, a100-40gb, "
-            "a100-80gb, a100-paper, h100-sxm, h200, l4; or a profile .json)",
+            "a100-80gb, a100-paper, h100-sxm, h200, l4, a100-80gb-calibrated, "
+            "h100-sxm-calibrated; or a profile .json)",
         ),
         (
             ["--model", "gpt5"],

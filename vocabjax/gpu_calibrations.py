@@ -12,13 +12,8 @@ GPU_CALIBRATIONS = {'a100-80gb': {'compute_by_flops': [[16384.0, 0.5962045285287
                                    [21734270.23328142, 0.6099189127966299],
                                    [394264576.0, 0.5392198789219368]],
                'launch_overhead_s': 2.787465746223461e-06,
-               'calibration': {'source': 'vidur per-op timings: Extracted (ops, num_tokens, '
-                                         'median only) from microsoft/vidur (MIT licence), '
-                                         'data/profiling/compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv, '
-                                         'as stored at its commit '
-                                         'bee57dafa1eb2dc422dcaec46a66975599a6a242 '
-                                         '(2024-05-14); read on 2026-12-03 by '
-                                         'sims/calibrate_gpu.py.',
+               'calibration': {'source': 'microsoft/vidur per-op kernel times of Llama-2-7B '
+                                         'bf16 (sims/data/vidur_a100_llama2_7b_ops.csv)',
                                'method': 'least squares on log step time, 4 log-spaced knots '
                                          'per table, launch overhead refitted; 1241 points '
                                          "fitted, 586 held out by a hash of each point's key",
@@ -39,13 +34,8 @@ GPU_CALIBRATIONS = {'a100-80gb': {'compute_by_flops': [[16384.0, 0.5962045285287
                                   [21734270.23328142, 0.718852723083805],
                                   [394264576.0, 0.5976419354810937]],
               'launch_overhead_s': 2.593500539660454e-06,
-              'calibration': {'source': 'vidur per-op timings: Extracted (ops, num_tokens, '
-                                        'median only) from microsoft/vidur (MIT licence), '
-                                        'data/profiling/compute/h100/meta-llama/Llama-2-7b-hf/mlp.csv, '
-                                        'as stored at its commit '
-                                        'e26eb8f79fa9a6a7c38eac0f5291302402b20364 '
-                                        '(2024-05-14); read on 2026-12-03 by '
-                                        'sims/calibrate_gpu.py.',
+              'calibration': {'source': 'microsoft/vidur per-op kernel times of Llama-2-7B '
+                                        'bf16 (sims/data/vidur_h100_llama2_7b_ops.csv)',
                               'method': 'least squares on log step time, 4 log-spaced knots '
                                         'per table, launch overhead refitted; 1241 points '
                                         "fitted, 586 held out by a hash of each point's key",

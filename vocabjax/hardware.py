@@ -421,6 +421,19 @@ BUILTIN_DEVICES = {
 DEFAULT_DEVICE = "a100-80gb"
 
 
+def calibration_note(device: DeviceProfile) -> str:
+    """One line saying which efficiencies the costs of ``device`` use."""
+    cal = device.calibration
+    if cal is None:
+        return (
+            f"{device.name}: efficiency {device.compute_efficiency:g} (compute), "
+            f"{device.memory_efficiency:g} (memory), not calibrated ({device.source})"
+        )
+    err = cal.get("held_out_median_abs_error_pct", {})
+    after = f"; held-out median error {err['after']:.1f}%" if "after" in err else ""
+    return f"{device.name}: calibrated on {cal.get('source', 'measured points')}{after}"
+
+
 def load_device(name_or_path: str | os.PathLike) -> DeviceProfile:
     """A builtin profile by name, or a device profile JSON (as ``autotune`` writes)."""
     key = str(name_or_path)
