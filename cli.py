@@ -1420,5 +1420,71 @@ def autotune(vocab, batch, d_model, dtype, ops, quick, out, fmt):
     emit(render.rows(run.table_rows(), fmt))
 
 
+# ---- validation: validate -------------------------------------------------------------------
+
+
+@main.command(context_settings=CONTEXT)
+@click.option(
+    "--device",
+    default="measure",
+    show_default=True,
+    help="Profile the predictions come from: 'measure' (this machine's ceilings, measured "
+    "first in a few seconds), a builtin name, or an autotune .json "
+    "(python cli.py autotune --quick --dtype f32).",
+)
+@click.option("--quick", is_flag=True, help="A small grid: a few minutes on two CPU cores.")
+@click.option(
+    "--grid",
+    "grid_name",
+    type=click.Choice(["full", "quick", "test"]),
+    hidden=True,
+    help="A preset grid by name (test: seconds, for the test suite).",
+)
+@click.option("--out", type=OutputFile(), help="Write the validation JSON (atomically).")
+@click.option(
+    "--plot", type=OutputFile(figure=True), help="Write predicted against measured (.png)."
+)
+@format_option
+def validate(device, quick, grid_name, out, plot, fmt):
+    """Time this project's GPT, serving engine and training step on this machine beside the
+    cost model's prediction for each point: decode and prefill steps, training steps, and the
+    backbone, attention and unembedding ops alone, over shapes, V, B and context lengths.
+
+    \b
+    Example:
+        python cli.py validate --quick                         # ceilings measured first
+        python cli.py autotune --quick --dtype f32 --out profiles/cpu.json
+        python cli.py validate --device profiles/cpu.json --quick --out validation.json \\
+            --plot validation.png
+    """
+    from vocabjax import validation
+
+    if quick and grid_name not in (None, "quick"):
+        raise click.UsageError(f"--quick and --grid {grid_name} clash: give one")
+    name = grid_name or ("quick" if quick else "full")
+    result = validation.validate(device, name, progress=log)
+    command = "python cli.py " + " ".join(sys.argv[1:])
+    doc = validation.document(result, command=command)
+    if out:
+        atomic_write_json(out, doc)
+        log(f"wrote {out}")
+    if plot:
+        validation.plot(result, plot, caption=command)
+        log(f"wrote {plot}")
+    if fmt == "json":
+        emit(render.json_text(doc))
+        return
+    if fmt == "csv":
+        emit(render.rows(validation.point_rows(result), "csv"))
+        return
+    emit(validation.headline(result))
+    if result.mismatch:
+        emit(f"note: {result.mismatch}")
+    emit("")
+    emit(render.rows(validation.point_rows(result), fmt))
+    emit("\n|error| of the cost model, percent of measured")
+    emit(render.rows(validation.summary_rows(result), fmt))
+
+
 if __name__ == "__main__":
     sys.exit(main())

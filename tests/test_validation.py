@@ -1,0 +1,427 @@
+"""``validate``: the cost model beside timings of the project's own model on this machine.
+
+One real run of the test grid through the command line (seconds, no timing assertions): the
+JSON's structure, finite positive figures, the summary against a recomputation, the output
+file, progress on stderr. The predictions against a hand computation of the roofline from
+DESIGN.md's equations, so a wrong mapping of a point's shape to the cost model fails. Bad
+inputs as one ``Error:`` line with no file written. Other runs replace the timing with fixed
+figures (``measure_group`` patched), so rendering, warnings and the plot cost no timing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import cli
+from vocabjax import render, validation
+from vocabjax.errors import UserError
+from vocabjax.hardware import BUILTIN_DEVICES, DeviceProfile, save_device
+from vocabjax.shapes import BUILTIN_SHAPES, ModelShape
+from vocabjax.validation import FAMILIES, Grid, Point, get_grid, predict
+from vocabjax.validation import run as validation_run
+from vocabjax.validation.grid import W512_GQA
+
+PEAK, BANDWIDTH, LAUNCH = 1.0e11, 2.0e10, 1.0e-5  # a CPU-like profile: ridge 5 FLOP/byte
+CPU_PROFILE = DeviceProfile(
+    name="cpu",
+    peak_flops={"f32": PEAK},
+    hbm_bandwidth=BANDWIDTH,
+    memory_bytes=16e9,
+    launch_overhead_s=LAUNCH,
+    source="autotune 2026-01-01 00:00 UTC on cpu (cpu, jax 0.10.2, 2 host cores)",
+    measured=True,
+)
+POINT_KEYS = {
+    "family", "kind", "shape", "vocab", "batch", "context", "flops", "bytes", "launches",
+    "launch_s", "predicted_s", "measured_s", "compile_s", "error_pct", "bound", "ops",
+}  # fmt: skip
+SUMMARY_KEYS = {"n", "median_abs_error_pct", "max_abs_error_pct"}
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli.main, ["validate", *args])
+
+
+@pytest.fixture(scope="module")
+def profile_path(tmp_path_factory) -> Path:
+    return save_device(CPU_PROFILE, tmp_path_factory.mktemp("profile") / "cpu.json")
+
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory, profile_path):
+    """The test grid timed once through the command line: (result, JSON, out path, the
+    Validation the library returned)."""
+    out_dir = tmp_path_factory.mktemp("out")
+    out = out_dir / "validation.json"
+    seen = []
+    with pytest.MonkeyPatch.context() as mp:
+        real = validation.validate
+        mp.setattr(validation, "validate", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1])
+        result = invoke(
+            "--grid", "test", "--device", str(profile_path), "--format", "json", "--out", str(out)
+        )
+    assert result.exit_code == 0, result.output
+    return result, json.loads(result.stdout), out, seen[0]
+
+
+def fake_times(monkeypatch, measured_s: float = 1e-3):
+    """Skip the timing: every point takes ``measured_s`` and compiles in 0.5 s."""
+
+    def fake(shape, points, grid, **kw):
+        return [(measured_s * (1 + i % 3), 0.5) for i in range(len(points))]
+
+    monkeypatch.setattr(validation_run, "measure_group", fake)
+
+
+# ---- one real run ------------------------------------------------------------------------------
+
+
+def test_json_has_every_family_with_finite_positive_figures(real_run):
+    _, doc, _, _ = real_run
+    assert doc["schema"] == 1 and doc["kind"] == "validation"
+    assert doc["device"]["name"] == "cpu" and doc["device"]["mismatch"] is None
+    assert doc["device"]["running_on"] == "cpu"
+    assert {p["family"] for p in doc["points"]} == set(FAMILIES)
+    assert len({p["context"] for p in doc["points"] if p["family"] == "decode"}) >= 2
+    for p in doc["points"]:
+        assert set(p) == POINT_KEYS
+        for key in ("predicted_s", "measured_s", "flops"):
+            assert math.isfinite(p[key]) and p[key] > 0, (key, p)
+        assert math.isfinite(p["compile_s"]) and p["compile_s"] >= 0
+        assert p["error_pct"] == pytest.approx(
+            100 * (p["predicted_s"] - p["measured_s"]) / p["measured_s"], rel=1e-12
+        )
+        assert p["bound"] in ("compute", "memory", "launch")
+        assert p["ops"] and all(o["flops"] >= 0 for o in p["ops"])
+        assert p["flops"] == pytest.approx(sum(o["flops"] for o in p["ops"]), rel=1e-12)
+        if p["family"] == "train":  # the cost model prices training by FLOPs alone
+            assert p["bytes"] is None and p["launches"] == 0
+        else:
+            assert p["bytes"] == pytest.approx(sum(o["bytes"] for o in p["ops"]), rel=1e-12)
+            assert p["predicted_s"] == pytest.approx(
+                sum(o["t"] for o in p["ops"]) + p["launches"] * LAUNCH, rel=1e-12
+            )
+
+
+def test_summary_equals_a_recomputation_from_the_points(real_run):
+    _, doc, _, _ = real_run
+    before = doc["summary"]["before"]
+    assert set(before) == SUMMARY_KEYS | {"by_family", "by_bound"}
+
+    def check(summary, points):
+        errors = [abs(p["error_pct"]) for p in points]
+        assert summary["n"] == len(errors)
+        assert summary["median_abs_error_pct"] == pytest.approx(statistics.median(errors))
+        assert summary["max_abs_error_pct"] == pytest.approx(max(errors))
+
+    check(before, doc["points"])
+    assert set(before["by_family"]) == set(FAMILIES)
+    for family, s in before["by_family"].items():
+        check(s, [p for p in doc["points"] if p["family"] == family])
+    for bound, s in before["by_bound"].items():
+        check(s, [p for p in doc["points"] if p["bound"] == bound])
+
+
+def test_out_is_the_printed_json_written_whole(real_run):
+    _, doc, out, _ = real_run
+    assert json.loads(out.read_text()) == doc
+    assert sorted(x.name for x in out.parent.iterdir()) == [out.name]  # no temporary left
+
+
+def test_progress_goes_to_stderr(real_run):
+    result, _, out, _ = real_run
+    assert "validate [1/1] tiny: compiled 1/" in result.stderr
+    assert "timing " in result.stderr and "round-robin" in result.stderr
+    assert f"wrote {out}" in result.stderr
+
+
+@pytest.mark.parametrize("fmt", ["table", "markdown", "csv"])
+def test_formats_render_the_points_and_the_summary(real_run, monkeypatch, fmt):
+    _, doc, _, measured = real_run
+    monkeypatch.setattr(validation, "validate", lambda *a, **k: measured)
+    result = invoke("--grid", "test", "--format", fmt)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    if fmt == "csv":
+        assert lines[0].split(",") == list(validation.report.COLUMNS)
+        assert len(lines) == 1 + len(doc["points"])
+        return
+    assert lines[0].startswith("validate on cpu (")
+    header = next(i for i, ln in enumerate(lines) if "predicted_s" in ln)
+    for name in ("family", "bound", "measured_s", "error_pct", "compile_s"):
+        assert name in lines[header]
+    assert any("median_abs_error_pct" in ln for ln in lines)
+    assert any(ln.lstrip("| ").startswith("all ") for ln in lines)  # the overall summary row
+    if fmt == "markdown":
+        assert lines[header].startswith("| family |")
+
+
+# ---- the predictions by hand ---------------------------------------------------------------------
+
+
+def _hand(shape: ModelShape, family: str, vocab: int, batch: int, context: int) -> float:
+    """The roofline of DESIGN.md written out: f32 weights, KV and activations (4 bytes),
+    t = sum over ops of max(flops / peak, bytes / bandwidth) plus launches."""
+    d, n_layers, f = shape.d_model, shape.n_layers, shape.d_ff
+    h, k, dh = shape.n_heads, shape.n_kv_heads, shape.dh
+    n_nv = n_layers * (2 * d * h * dh + 2 * d * k * dh + (3 if shape.glu else 2) * d * f)
+    act = 4 * d + 2 * (h + k) * dh + (3 if shape.glu else 2) * f  # per token per layer
+    w = kv = a = 4
+    b, v, t = batch, vocab, context
+
+    def roof(flops, nbytes):
+        return max(flops / PEAK, nbytes / BANDWIDTH)
+
+    layer_launches = n_layers * 8
+    if family == "decode":
+        ops = [
+            roof(0, b * d * w),  # embedding gather
+            roof(2 * b * n_nv, w * n_nv + b * n_layers * act * a),
+            roof(4 * b * t * h * dh * n_layers, b * t * 2 * k * dh * kv * n_layers),
+            roof(2 * b * v * d, w * v * d + 4 * b * v),  # unembedding, logits written
+            roof(4 * b * v, 4 * b * v),  # sampling reads the logits
+        ]
+        return sum(ops) + (layer_launches + 3) * LAUNCH
+    if family == "prefill":
+        tokens = b * t
+        ops = [
+            roof(0, tokens * d * w),
+            roof(2 * tokens * n_nv, w * n_nv + tokens * n_layers * act * a),
+            roof(2 * b * t * t * h * dh * n_layers, tokens * 2 * k * dh * kv * n_layers),
+            roof(2 * b * v * d, w * v * d + 4 * b * v),
+        ]
+        return sum(ops) + (layer_launches + 2) * LAUNCH
+    if family == "train":
+        return b * t * (6 * (n_nv + v * d) + 6 * n_layers * t * h * dh) / PEAK
+    if family == "backbone":
+        return roof(2 * b * n_nv, w * n_nv + b * n_layers * act * a) + layer_launches * LAUNCH
+    if family == "attention":
+        work = roof(4 * b * t * h * dh * n_layers, b * t * 2 * k * dh * kv * n_layers)
+        return work + n_layers * LAUNCH
+    if family == "unembedding":
+        return roof(2 * b * v * d, w * v * d + 4 * b * v) + LAUNCH
+    raise AssertionError(family)
+
+
+HAND_CASES = [
+    ("decode", 50257, 3, 200),
+    ("decode", 1024, 64, 64),
+    ("prefill", 4096, 5, 48),
+    ("train", 65536, 4, 64),
+    ("backbone", None, 1, None),
+    ("backbone", None, 64, None),
+    ("attention", None, 16, 256),
+    ("unembedding", 65536, 1, None),
+    ("unembedding", 8192, 64, None),
+]
+
+
+@pytest.mark.parametrize("shape", [BUILTIN_SHAPES["tiny"], W512_GQA], ids=lambda s: s.name)
+@pytest.mark.parametrize(("family", "vocab", "batch", "context"), HAND_CASES)
+def test_prediction_is_the_roofline_by_hand(shape, family, vocab, batch, context):
+    q = predict(Point(family, shape, batch, vocab, context), CPU_PROFILE)
+    expected = _hand(shape, family, vocab or 1, batch, context or 1)
+    assert q.predicted_s == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_real_runs_predictions_match_the_hand_roofline(real_run):
+    _, doc, _, _ = real_run
+    tiny = BUILTIN_SHAPES["tiny"]
+    for p in doc["points"]:
+        expected = _hand(tiny, p["family"], p["vocab"] or 1, p["batch"], p["context"] or 1)
+        assert p["predicted_s"] == pytest.approx(expected, rel=1e-12), p["family"]
+
+
+def test_bounds_follow_the_roofline():
+    tiny = BUILTIN_SHAPES["tiny"]
+    b1 = predict(Point("unembedding", W512_GQA, 1, 65536), CPU_PROFILE)
+    b64 = predict(Point("unembedding", W512_GQA, 64, 65536), CPU_PROFILE)
+    assert (b1.bound, b64.bound) == ("memory", "compute")  # intensity ~B/2 against ridge 5
+    assert predict(Point("attention", tiny, 1, None, 16), CPU_PROFILE).bound == "launch"
+    assert predict(Point("train", tiny, 4, 1024, 64), CPU_PROFILE).bound == "compute"
+
+
+def test_a_measured_unembedding_table_prices_the_decode_step():
+    rows = [
+        {"op": "greedy", "vocab": v, "batch": b, "d_model": 128, "dtype": "f32", "impl": "xla",
+         "time_s": 1e-3 * v / 1024 * b, "roofline_fraction": 0.5}
+        for v in (1024, 4096) for b in (1, 4)
+    ]  # fmt: skip
+    data = {**CPU_PROFILE.to_json(), "best": rows}
+    device = DeviceProfile.from_json(data)
+    q = predict(Point("decode", BUILTIN_SHAPES["tiny"], 4, 4096, 64), device)
+    by_op = {o.op: o for o in q.ops}
+    assert by_op["unembedding"].bound == "measured"
+    assert by_op["unembedding"].t == pytest.approx(16e-3)
+    assert by_op["sampling"].t == 0
+    assert q.launches == 2 * 8 + 1  # a measured head is one launch
+
+
+# ---- the grids ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["full", "quick"])
+def test_presets_cover_the_issue_grid(name):
+    grid = get_grid(name)
+    assert BUILTIN_SHAPES["tiny"] in grid.shapes and len(grid.shapes) >= 3
+    assert min(grid.vocabs) <= 1024 and max(grid.vocabs) >= 65536
+    points = [
+        p
+        for p in grid.points()
+        if validation.call_flops(p, predict(p, CPU_PROFILE), grid.decode_steps) <= grid.max_flops
+    ]
+    assert {p.family for p in points} == set(FAMILIES)
+    assert {p.batch for p in points} >= {1, 4, 16, 64}
+    assert len({p.context for p in points if p.family == "decode"}) >= 2
+    bounds = {predict(p, CPU_PROFILE).bound for p in points}
+    assert {"memory", "compute"} <= bounds  # on a CPU-like roofline, both occur
+    if name == "full":
+        assert {p.batch for p in points if p.family == "decode"} >= {1, 4, 16, 64}
+
+
+def test_a_grid_refuses_contexts_inside_the_timed_steps():
+    with pytest.raises(UserError, match="must exceed decode_steps=8"):
+        Grid(**{**vars(get_grid("test")), "contexts": (8,), "decode_steps": 8})
+
+
+def test_points_over_the_flop_cap_are_left_out(monkeypatch):
+    fake_times(monkeypatch)
+    grid = Grid(**{**vars(get_grid("test")), "max_flops": 2e6})
+    v = validation.validate(CPU_PROFILE, grid)
+    cap = grid.max_flops
+    assert v.skipped and v.results
+    for r in v.results:
+        assert validation.call_flops(r.point, r.prediction, grid.decode_steps) <= cap
+    assert len(v.results) + len(v.skipped) == len(grid.points())
+
+
+# ---- devices -----------------------------------------------------------------------------------
+
+
+def test_another_device_kind_is_a_warning_and_is_said_in_the_output(monkeypatch):
+    fake_times(monkeypatch)
+    result = invoke("--grid", "test", "--device", "a100-80gb", "--format", "json")
+    assert result.exit_code == 0, result.output
+    note = (
+        "device profile 'a100-80gb' is a datasheet profile of 'a100-80gb', not this machine's "
+        "'cpu': the predictions are for that device, the timings for this one"
+    )
+    assert f"warning: {note}" in result.stderr
+    assert json.loads(result.stdout)["device"]["mismatch"] == note
+    table = invoke("--grid", "test", "--device", "a100-80gb")
+    assert f"note: {note}" in table.stdout
+
+
+def test_profile_kind_reads_a_measured_profiles_source():
+    source = "autotune 2026-01-01 00:00 UTC on NVIDIA H200 (gpu, jax 0.10.2, 16 host cores)"
+    gpu = DeviceProfile(**{**vars(CPU_PROFILE), "name": "nvidia-h200", "source": source})
+    assert validation.profile_kind(gpu) == "NVIDIA H200"
+    assert validation.device_mismatch(gpu, "NVIDIA H200") is None
+    assert "was measured on 'NVIDIA H200'" in validation.device_mismatch(gpu, "cpu")
+    assert validation.device_mismatch(CPU_PROFILE, "cpu") is None
+    assert validation.profile_kind(BUILTIN_DEVICES["h100-sxm"]) == "h100-sxm"
+
+
+def test_measure_default_measures_this_machine():
+    device = validation.load_validation_device("measure")
+    assert device.measured and device.name == "cpu"
+    assert device.flops("f32") > 0 and device.hbm_bandwidth > 0
+    assert validation.device_mismatch(device, "cpu") is None
+
+
+def test_plot_is_written(monkeypatch, tmp_path, profile_path):
+    fake_times(monkeypatch)
+    out = tmp_path / "v.png"
+    result = invoke("--grid", "test", "--device", str(profile_path), "--plot", str(out))
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---- bad input ---------------------------------------------------------------------------------
+
+
+def _corrupt(tmp_path: Path) -> str:
+    path = tmp_path / "broken.json"
+    path.write_text('{"schema": 1, "kind": "device", "name": ')
+    return str(path)
+
+
+def _no_f32(tmp_path: Path) -> str:
+    data = CPU_PROFILE.to_json()
+    data["ceilings"] = {**data["ceilings"], "peak_flops": {"bf16": 1e12}, "ridge_point": {}}
+    path = tmp_path / "bf16.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "line"),
+    [
+        (
+            lambda tmp: ["--device", "nope"],
+            1,
+            f"Error: unknown device 'nope' (builtin: {', '.join(BUILTIN_DEVICES)}; "
+            "or a profile .json)",
+        ),
+        (lambda tmp: ["--device", _corrupt(tmp)], 1, None),
+        (
+            lambda tmp: ["--device", _no_f32(tmp)],
+            1,
+            "Error: device 'cpu' has no peak FLOP/s for dtype 'f32'",
+        ),
+        (
+            lambda tmp: ["--plot", str(tmp / "v.txt")],
+            2,
+            "Error: Invalid value for '--plot': plot file '{tmp}/v.txt' must end in .png, "
+            ".svg or .pdf",
+        ),
+        (lambda tmp: ["--quick"], 2, "Error: --quick and --grid test clash: give one"),
+    ],
+    ids=["unknown", "corrupt", "no-f32", "plot-suffix", "quick-and-grid"],
+)
+def test_bad_input_is_one_error_line_and_no_file(tmp_path, monkeypatch, args, code, line):
+    fake_times(monkeypatch)
+    out = tmp_path / "v.json"
+    result = invoke("--grid", "test", *args(tmp_path), "--out", str(out))
+    assert result.exit_code == code, result.output
+    errors = [ln for ln in result.stderr.splitlines() if ln.startswith("Error:")]
+    assert len(errors) == 1 and "Traceback" not in result.output
+    if line is not None:
+        assert errors[0] == line.replace("{tmp}", str(tmp_path))
+    else:
+        assert "broken.json" in errors[0]
+    assert not out.exists()
+
+
+def test_a_grid_that_does_not_fit_in_memory_is_refused_before_any_work(tmp_path, monkeypatch):
+    monkeypatch.setattr(validation_run.at, "_memory_bytes", lambda device: 1e6)
+    timed = []
+    monkeypatch.setattr(validation_run, "measure_group", lambda *a, **k: timed.append(a))
+    out = tmp_path / "v.json"
+    result = invoke("--grid", "test", "--device", "a10g", "--out", str(out))
+    assert result.exit_code == 1
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("Error: grid 'test': the tiny points hold about ")
+    assert line.endswith("above 70% of this machine's 0.0 GB; use --quick or a grid with fewer, "
+                         "smaller points")  # fmt: skip
+    assert not timed and not out.exists()
+
+
+def test_help_has_an_example():
+    result = invoke("--help")
+    assert result.exit_code == 0
+    assert "python cli.py validate --quick" in result.stdout
+    assert "--grid" not in result.stdout  # the test grid's option is hidden
+
+
+def test_render_module_formats_every_row(real_run):
+    _, _, _, measured = real_run
+    for fmt in ("table", "markdown", "csv"):
+        text = render.rows(validation.point_rows(measured), fmt)
+        assert text.count("\n") >= len(measured.results)

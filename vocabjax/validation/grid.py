@@ -1,0 +1,195 @@
+"""The points ``validate`` times: which step or op, at which model shape, V, B and context.
+
+Families (one vocabulary across code, JSON and docs):
+
+    step  decode       one decode step of the serving engine with a KV cache of T positions
+          prefill      the engine's prefill of B prompts of T tokens (logits for the last only)
+          train        one training step: forward, backward and the AdamW update, B x T tokens
+    op    backbone     the model's layer stack on one token per row (its attention sees 1 token)
+          attention    decode attention alone: B queries over a KV cache of T positions, L layers
+          unembedding  the logits h @ W.T alone, (B, D) x (V, D)
+
+A grid is a frozen description; :meth:`Grid.points` lists its points: decode and prefill over
+(V, B, T), attention over (B, T) of the decode points (it reads their caches), training over
+(train V, train B) at one sequence length, backbone over B and unembedding over (V, B) of the
+op axes. Three presets:
+``GRIDS["full"]`` (the default of ``validate``), ``"quick"`` (minutes on two CPU cores) and
+``"test"`` (seconds, for the test suite). Shapes beyond ``tiny`` are synthetic, GPT-like (MHA,
+4D GELU MLP) or Llama-like (GQA, SwiGLU), sized so that on a two-core CPU a step at B = 1 reads
+its weights from memory (memory-bound) and one at B >= 16 is compute-bound.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from vocabjax.autotune import Settings as TimingSettings
+from vocabjax.errors import UserError
+from vocabjax.shapes import BUILTIN_SHAPES, ModelShape
+
+Family = Literal["decode", "prefill", "train", "backbone", "attention", "unembedding"]
+STEP_FAMILIES: tuple[str, ...] = ("decode", "prefill", "train")
+OP_FAMILIES: tuple[str, ...] = ("backbone", "attention", "unembedding")
+FAMILIES: tuple[str, ...] = STEP_FAMILIES + OP_FAMILIES
+
+_SYNTHETIC = "vocabjax validate: synthetic shape sized for a CPU"
+W256 = ModelShape("w256-l4", 256, 4, 4, 4, 1024, source=_SYNTHETIC + " (GPT-like)")
+W512 = ModelShape("w512-l6", 512, 6, 8, 8, 2048, source=_SYNTHETIC + " (GPT-like)")
+W512_GQA = ModelShape(
+    "w512-l4-gqa", 512, 4, 8, 2, 1408, glu=True, source=_SYNTHETIC + " (Llama-like: GQA, SwiGLU)"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """One timed configuration."""
+
+    family: Family  # which step or op (module docstring)
+    shape: ModelShape  # the model
+    batch: int  # B, rows (sequences) per call
+    vocab: int | None = None  # V of the head; None for ops that do not read it
+    context: int | None = None  # T: KV-cache positions (decode, attention), prompt or sequence
+
+    @property
+    def kind(self) -> str:
+        return "step" if self.family in STEP_FAMILIES else "op"
+
+    def label(self) -> str:
+        parts = [self.family, self.shape.name]
+        if self.vocab is not None:
+            parts.append(f"V={self.vocab}")
+        parts.append(f"B={self.batch}")
+        if self.context is not None:
+            parts.append(f"T={self.context}")
+        return " ".join(parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+    """Which points to time and how hard; every family crosses its own axes below."""
+
+    name: str  # "full", "quick", "test", or a caller's own
+    shapes: tuple[ModelShape, ...]  # models, each timed as its own round-robin group
+    vocabs: tuple[int, ...]  # V of decode and prefill points
+    batches: tuple[int, ...]  # B of decode, prefill and attention points
+    contexts: tuple[int, ...]  # KV-cache lengths T of decode (and attention) points
+    prompt_tokens: tuple[int, ...]  # prompt lengths of prefill points
+    train_vocabs: tuple[int, ...]  # V of train points (a training state per V is resident)
+    train_batches: tuple[int, ...]  # windows per training step
+    train_seq: int  # tokens per training window
+    op_vocabs: tuple[int, ...]  # V of unembedding points
+    op_batches: tuple[int, ...]  # B of backbone and unembedding points
+    decode_steps: int = 8  # decode steps per timed call of the engine's loop (per-step = / n)
+    max_flops: float = 2e11  # points whose timed call needs more FLOPs are left out
+    timing: TimingSettings = dataclasses.field(
+        default_factory=lambda: TimingSettings(warmup=2, repeats=7, min_repeats=3)
+    )  # warm-up calls and repeats of autotune's round-robin timer
+
+    def __post_init__(self) -> None:
+        if not self.shapes:
+            raise UserError(f"grid {self.name!r} needs at least one model shape")
+        axes = ("vocabs", "batches", "contexts", "prompt_tokens", "train_vocabs", "train_batches",
+                "op_vocabs", "op_batches")  # fmt: skip
+        for axis in axes:
+            for v in getattr(self, axis):
+                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                    raise UserError(f"grid {self.name!r}: {axis} must be positive integers")
+        if any(t < self.decode_steps + 1 for t in self.contexts):
+            raise UserError(
+                f"grid {self.name!r}: contexts={list(self.contexts)} must exceed "
+                f"decode_steps={self.decode_steps} (the timed steps run inside the cache)"
+            )
+        if self.train_seq < 1 or self.decode_steps < 1 or self.max_flops <= 0:
+            raise UserError(f"grid {self.name!r}: train_seq, decode_steps, max_flops must be > 0")
+
+    @property
+    def max_vocab(self) -> int:
+        """The largest head any point reads (each shape's tables are drawn at this size)."""
+        return max((*self.vocabs, *self.train_vocabs, *self.op_vocabs, 2))
+
+    @property
+    def max_seq(self) -> int:
+        """The longest sequence any point feeds a model (learned positions go this far)."""
+        return max((*self.contexts, *self.prompt_tokens, self.train_seq, 1))
+
+    def points(self) -> list[Point]:
+        """Every point of the grid, shape by shape (FLOP cap not yet applied)."""
+        out: list[Point] = []
+        for s in self.shapes:
+            for v in self.vocabs:
+                for b in self.batches:
+                    out += [Point("decode", s, b, v, t) for t in self.contexts]
+                    out += [Point("prefill", s, b, v, p) for p in self.prompt_tokens]
+            for v in self.train_vocabs:
+                out += [Point("train", s, b, v, self.train_seq) for b in self.train_batches]
+            for b in self.batches:  # attention reads the decode points' caches
+                out += [Point("attention", s, b, None, t) for t in self.contexts]
+            for b in self.op_batches:
+                out.append(Point("backbone", s, b))
+                out += [Point("unembedding", s, b, v) for v in self.op_vocabs]
+        return out
+
+
+def _full() -> Grid:
+    return Grid(
+        name="full",
+        shapes=(BUILTIN_SHAPES["tiny"], W256, W512, W512_GQA),
+        vocabs=(1024, 4096, 16384, 65536, 131072),
+        batches=(1, 4, 16, 64),
+        contexts=(64, 512),
+        prompt_tokens=(64, 512),  # the decode contexts: a prefill shares its engine build
+        train_vocabs=(1024, 16384, 65536),
+        train_batches=(1, 4, 16),
+        train_seq=64,
+        op_vocabs=(1024, 4096, 16384, 65536, 131072),
+        op_batches=(1, 4, 16, 64, 256),
+        max_flops=1e11,
+    )
+
+
+def _quick() -> Grid:
+    return Grid(
+        name="quick",
+        shapes=(BUILTIN_SHAPES["tiny"], W256, W512_GQA),
+        vocabs=(1024, 65536),
+        batches=(1, 16),
+        contexts=(64, 256),
+        prompt_tokens=(64,),
+        train_vocabs=(1024, 65536),
+        train_batches=(1, 4),
+        train_seq=64,
+        op_vocabs=(1024, 8192, 65536),
+        op_batches=(1, 4, 16, 64),
+        max_flops=1.5e10,
+        timing=TimingSettings(warmup=2, repeats=5, min_repeats=3),
+    )
+
+
+def _test() -> Grid:
+    return Grid(
+        name="test",
+        shapes=(BUILTIN_SHAPES["tiny"],),
+        vocabs=(512,),
+        batches=(2,),
+        contexts=(16, 32),
+        prompt_tokens=(16,),
+        train_vocabs=(512,),
+        train_batches=(2,),
+        train_seq=16,
+        op_vocabs=(512,),
+        op_batches=(2,),
+        decode_steps=4,
+        max_flops=1e10,
+        timing=TimingSettings(warmup=1, repeats=3, min_repeats=3),
+    )
+
+
+GRIDS = {"full": _full, "quick": _quick, "test": _test}
+
+
+def get_grid(name: str) -> Grid:
+    """A preset grid by name (``full``, ``quick`` or ``test``)."""
+    if name not in GRIDS:
+        raise UserError(f"unknown grid {name!r} (choose from {', '.join(GRIDS)})")
+    return GRIDS[name]()

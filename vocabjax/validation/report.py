@@ -1,0 +1,216 @@
+"""What ``validate`` reports: per-point rows, the error summary, the JSON document and the
+predicted-against-measured figure.
+
+The JSON keeps every point's op rows (FLOPs, bytes, roofline times) and launch count beside its
+measured time, enough to re-price the points under other efficiency parameters without timing
+them again (what a fit of the profile needs).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from vocabjax import plots
+from vocabjax.profiles import SCHEMA
+from vocabjax.validation.grid import FAMILIES
+from vocabjax.validation.prediction import DTYPE, settings_for
+from vocabjax.validation.run import Result, Validation
+
+KIND = "validation"
+COLUMNS = (
+    "family", "shape", "vocab", "batch", "context", "bound", "flops", "bytes", "predicted_s",
+    "measured_s", "error_pct", "compile_s",
+)  # fmt: skip
+BOUNDS = ("compute", "memory", "launch")
+
+
+def errors_summary(results: Iterable[Result]) -> dict[str, Any]:
+    """``n``, ``median_abs_error_pct`` and ``max_abs_error_pct`` of the points' |error|."""
+    errors = [abs(r.error_pct) for r in results]
+    if not errors:
+        return {"n": 0, "median_abs_error_pct": None, "max_abs_error_pct": None}
+    return {
+        "n": len(errors),
+        "median_abs_error_pct": statistics.median(errors),
+        "max_abs_error_pct": max(errors),
+    }
+
+
+def summary(results: Sequence[Result]) -> dict[str, Any]:
+    """The error over all points, per family and per bound (families and bounds with no
+    point are left out)."""
+    out = errors_summary(results)
+    out["by_family"] = {
+        f: errors_summary(r for r in results if r.point.family == f)
+        for f in FAMILIES
+        if any(r.point.family == f for r in results)
+    }
+    out["by_bound"] = {
+        b: errors_summary(r for r in results if r.prediction.bound == b)
+        for b in BOUNDS
+        if any(r.prediction.bound == b for r in results)
+    }
+    return out
+
+
+def point_json(r: Result) -> dict[str, Any]:
+    p, q = r.point, r.prediction
+    return {
+        "family": p.family,
+        "kind": p.kind,
+        "shape": p.shape.name,
+        "vocab": p.vocab,
+        "batch": p.batch,
+        "context": p.context,
+        "flops": q.flops,
+        "bytes": q.bytes,
+        "launches": q.launches,
+        "launch_s": q.launch_s,
+        "predicted_s": q.predicted_s,
+        "measured_s": r.measured_s,
+        "compile_s": r.compile_s,
+        "error_pct": r.error_pct,
+        "bound": q.bound,
+        "ops": [o.to_json() for o in q.ops],
+    }
+
+
+def device_json(v: Validation) -> dict[str, Any]:
+    d = v.device
+    return {
+        "name": d.name,
+        "source": d.source,
+        "measured": d.measured,
+        "kind": v.device_kind,
+        "running_on": v.running_on,
+        "mismatch": v.mismatch,
+        "peak_flops": d.flops(DTYPE),
+        "hbm_bandwidth": d.hbm_bandwidth,
+        "ridge_point": d.ridge_point(DTYPE),
+        "launch_overhead_s": d.launch_overhead_s,
+        "compute_efficiency": d.compute_efficiency,
+        "memory_efficiency": d.memory_efficiency,
+        "measured_unembedding": bool(d.best_rows("greedy", DTYPE)),
+    }
+
+
+def grid_json(v: Validation) -> dict[str, Any]:
+    g = v.grid
+    s = g.timing
+    some_step = next((r.point for r in v.results if r.point.family != "train"), None)
+    settings = settings_for(some_step) if some_step is not None else None
+    return {
+        "name": g.name,
+        "shapes": [shape.to_json() for shape in g.shapes],
+        "decode_steps": g.decode_steps,
+        "max_flops": g.max_flops,
+        "skipped": len(v.skipped),
+        "timing": {"warmup": s.warmup, "repeats": s.repeats, "min_repeats": s.min_repeats},
+        "cost_model": None
+        if settings is None
+        else {
+            "mode": settings.mode,
+            "dtype": DTYPE,
+            "launches_per_layer": settings.launches_per_layer,
+            "fused_logits": settings.fused_logits,
+        },
+    }
+
+
+def document(v: Validation, *, command: str | None = None) -> dict[str, Any]:
+    """The JSON of a run: ``{"schema": 1, "kind": "validation", "device", "points",
+    "summary": {"before": ...}}`` and how it was made."""
+    return {
+        "schema": SCHEMA,
+        "kind": KIND,
+        "date": v.date,
+        "host": v.host,
+        "command": command,
+        "seconds": v.seconds,
+        "device": device_json(v),
+        "grid": grid_json(v),
+        "points": [point_json(r) for r in v.results],
+        "summary": {"before": summary(v.results)},
+    }
+
+
+def point_rows(v: Validation) -> list[dict[str, Any]]:
+    """One row per point, in ``COLUMNS``."""
+    return [{c: point_json(r)[c] for c in COLUMNS} for r in v.results]
+
+
+def summary_rows(v: Validation) -> list[dict[str, Any]]:
+    """Rows of |error| per family, per bound and over all points."""
+    s = summary(v.results)
+    rows = [{"group": f"family {f}", **x} for f, x in s["by_family"].items()]
+    rows += [{"group": f"bound {b}", **x} for b, x in s["by_bound"].items()]
+    rows.append({"group": "all", **{k: s[k] for k in ("n", "median_abs_error_pct",
+                                                      "max_abs_error_pct")}})  # fmt: skip
+    return rows
+
+
+def headline(v: Validation) -> str:
+    d = v.device
+    return (
+        f"validate on {v.running_on} ({v.host}), grid {v.grid.name!r}, {len(v.results)} points "
+        f"({len(v.skipped)} over the FLOP cap left out); predictions from {d.name!r}: "
+        f"{d.flops(DTYPE) / 1e9:.4g} GFLOP/s f32, {d.hbm_bandwidth / 1e9:.4g} GB/s, "
+        f"launch {d.launch_overhead_s * 1e6:.3g} us ({d.source})"
+    )
+
+
+_MARKERS = {"decode": "o", "prefill": "s", "train": "D", "backbone": "^", "attention": "v",
+            "unembedding": "P"}  # fmt: skip
+_COLOURS = {"compute": "C3", "memory": "C0", "launch": "C2"}
+
+
+def plot(v: Validation, path: str | os.PathLike, *, caption: str = "") -> Path:
+    """Predicted against measured seconds, log-log, the y = x line; colour: the bound the model
+    says holds, marker: the family."""
+    plots.check_plot_path(path)  # matplotlib present, the target writable
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 6.5))
+    for family in FAMILIES:
+        for bound in BOUNDS:
+            pts = [r for r in v.results if r.point.family == family and r.prediction.bound == bound]
+            if pts:
+                ax.scatter(
+                    [r.measured_s for r in pts],
+                    [r.prediction.predicted_s for r in pts],
+                    marker=_MARKERS[family],
+                    c=_COLOURS[bound],
+                    s=28,
+                    alpha=0.8,
+                    label=f"{family}, {bound}-bound",
+                )
+    values = [x for r in v.results for x in (r.measured_s, r.prediction.predicted_s) if x > 0]
+    lo, hi = min(values) / 2, max(values) * 2
+    ax.plot([lo, hi], [lo, hi], color="0.3", lw=1, ls="--", label="y = x")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel(f"measured seconds on {v.running_on}")
+    ax.set_ylabel(f"predicted seconds ({v.device.name})")
+    s = summary(v.results)
+    med = s["median_abs_error_pct"]
+    ax.set_title(
+        f"cost model against this machine: median |error| {med:.0f}%, "
+        f"worst {s['max_abs_error_pct']:.0f}%"
+        if med is not None and math.isfinite(med)
+        else "cost model against this machine"
+    )
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left")
+    if caption:
+        fig.text(0.01, -0.01, caption, fontsize=8, family="monospace")
+    fig.tight_layout()
+    out = plots.save_figure(fig, path)
+    plt.close(fig)
+    return out

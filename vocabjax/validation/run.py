@@ -1,0 +1,215 @@
+"""``validate``: time the project's own model on this machine and put the cost model's figure
+for the same configuration beside every point.
+
+    v = validate("profiles/cpu.json", "quick", progress=print)
+    v.results[0].measured_s, v.results[0].prediction.predicted_s, v.results[0].error_pct
+
+The device profile prices the points (``predict``); the grid says which points (``grid``);
+``timing`` builds and times them, one round-robin group per model shape. ``device="measure"``
+measures this machine's ceilings first with autotune's quick probes (a large copy, a matmul,
+a tiny op: a few seconds), so a fresh machine validates without a profile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import platform
+import re
+import time
+
+import jax
+
+from vocabjax import autotune as at
+from vocabjax import unembed
+from vocabjax.errors import UserError
+from vocabjax.hardware import DeviceProfile, load_device
+from vocabjax.validation.grid import Grid, Point, get_grid
+from vocabjax.validation.prediction import DTYPE, Prediction, call_flops, predict
+from vocabjax.validation.timing import measure_group, resident_bytes
+
+MEASURE = "measure"  # the --device that measures this machine's ceilings first
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """One point: what the cost model predicted and what this machine took."""
+
+    point: Point
+    prediction: Prediction
+    measured_s: float  # median seconds per step (decode: per step of the loop) or per op
+    compile_s: float  # seconds to compile the point's call (an engine build: with its warm-up)
+
+    @property
+    def error_pct(self) -> float:
+        """100 (predicted - measured) / measured: negative when the model is too optimistic."""
+        return 100.0 * (self.prediction.predicted_s - self.measured_s) / self.measured_s
+
+
+@dataclasses.dataclass(frozen=True)
+class Validation:
+    """A validation run."""
+
+    device: DeviceProfile  # the profile the predictions come from
+    device_kind: str  # what that profile describes (a measured device's kind, or its name)
+    running_on: str  # the device kind the timings ran on
+    mismatch: str | None  # why the two differ, when they do
+    grid: Grid
+    results: tuple[Result, ...]
+    skipped: tuple[Point, ...]  # points over the grid's FLOP cap, not timed
+    date: str  # UTC start of the run
+    host: str  # machine, processor, cores, jax version
+    seconds: float  # wall time of the run
+
+
+def running_kind() -> str:
+    """The device kind the timings run on (``cpu``, ``NVIDIA H200``, ...)."""
+    device = jax.devices()[0]
+    return str(getattr(device, "device_kind", None) or jax.default_backend())
+
+
+_MEASURED_ON = re.compile(
+    r" on (.+?) \("
+)  # autotune's source: "autotune <date> UTC on cpu (cpu, ..."
+
+
+def profile_kind(device: DeviceProfile) -> str:
+    """The device a profile describes: the kind a measured profile's source names, else its
+    name (a datasheet profile names its device)."""
+    found = _MEASURED_ON.search(device.source) if device.measured else None
+    return found.group(1) if found else device.name
+
+
+def device_mismatch(device: DeviceProfile, running: str) -> str | None:
+    """A note when ``device`` describes another device kind than ``running``, else None."""
+    kind = profile_kind(device)
+    if at._device_name(kind) == at._device_name(running):
+        return None
+    how = "was measured on" if device.measured else "is a datasheet profile of"
+    return (
+        f"device profile {device.name!r} {how} {kind!r}, not this machine's {running!r}: the "
+        "predictions are for that device, the timings for this one"
+    )
+
+
+def measured_device(progress=None) -> DeviceProfile:
+    """This machine's ceilings, measured now with autotune's quick probes (f32 only)."""
+    ceilings = at.measure_ceilings((DTYPE,), at.Settings.quick(), progress)
+    kind = running_kind()
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M")
+    return DeviceProfile(
+        name=at._device_name(kind),
+        peak_flops=dict(ceilings.peak_flops),
+        hbm_bandwidth=ceilings.hbm_bandwidth,
+        memory_bytes=at._memory_bytes(jax.devices()[0]),
+        launch_overhead_s=ceilings.launch_overhead_s,
+        source=(
+            f"validate: ceilings measured {stamp} UTC on {kind} ({jax.default_backend()}, "
+            f"jax {jax.__version__}, autotune's quick probes)"
+        ),
+        measured=True,
+    )
+
+
+def load_validation_device(spec: DeviceProfile | str, progress=None) -> DeviceProfile:
+    """``measure``, a builtin name, a profile JSON, or a DeviceProfile; it must price f32."""
+    if isinstance(spec, DeviceProfile):
+        device = spec
+    elif str(spec).lower() == MEASURE:
+        device = measured_device(progress)
+    else:
+        device = load_device(spec)
+    device.flops(DTYPE)  # a UserError when the profile has no f32 peak
+    return device
+
+
+def check_memory(grid: Grid, shapes, points: list[Point], fraction: float = 0.7) -> None:
+    """Refuse, before any work, a grid whose largest shape group would hold more than
+    ``fraction`` of this machine's memory (the group's arrays are all resident while it is
+    timed round-robin)."""
+    memory = at._memory_bytes(jax.devices()[0])
+    for shape in shapes:
+        need = resident_bytes(shape, [p for p in points if p.shape == shape], grid)
+        if need > fraction * memory:
+            raise UserError(
+                f"grid {grid.name!r}: the {shape.name} points hold about {need / 1e9:.1f} GB at "
+                f"once, above {fraction:.0%} of this machine's {memory / 1e9:.1f} GB; use "
+                "--quick or a grid with fewer, smaller points"
+            )
+
+
+def host() -> str:
+    """``x86_64, Intel(R) Xeon(R) Processor, 2 cores, jax 0.10.2``."""
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next(
+                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu
+            )
+    except OSError:
+        pass
+    parts = [platform.machine(), cpu, f"{os.cpu_count()} cores", f"jax {jax.__version__}"]
+    return ", ".join(p for p in parts if p)
+
+
+def validate(
+    device: DeviceProfile | str = MEASURE,
+    grid: Grid | str = "full",
+    *,
+    seed: int = 0,
+    progress=None,
+) -> Validation:
+    """Time every point of ``grid`` on this machine beside the cost model's prediction on
+    ``device``. ``impl="auto"`` follows ``device`` while the points compile, as it does in
+    ``serve`` with that profile. Points whose call needs more than ``grid.max_flops`` FLOPs
+    are left out (``skipped``)."""
+    started = time.perf_counter()
+    say = progress or (lambda _m: None)
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    grid = get_grid(grid) if isinstance(grid, str) else grid
+    device = load_validation_device(device, say)
+    running = running_kind()
+    mismatch = device_mismatch(device, running)
+    if mismatch:
+        say(f"warning: {mismatch}")
+    priced = [(p, predict(p, device)) for p in grid.points()]
+    kept = [(p, q) for p, q in priced if call_flops(p, q, grid.decode_steps) <= grid.max_flops]
+    skipped = tuple(p for p, q in priced if call_flops(p, q, grid.decode_steps) > grid.max_flops)
+    if not kept:
+        raise UserError(f"grid {grid.name!r}: every point is over max_flops={grid.max_flops:g}")
+    if skipped:
+        say(f"validate: {len(skipped)} points over {grid.max_flops:.3g} FLOPs per call left out")
+    shapes = [s for s in grid.shapes if any(p.shape == s for p, _ in kept)]
+    check_memory(grid, shapes, [p for p, _ in kept])
+    results: list[Result] = []
+    with unembed.using_device_profile(device):
+        for i, shape in enumerate(shapes, 1):
+            group = [(p, q) for p, q in kept if p.shape == shape]
+            times = measure_group(
+                shape,
+                [p for p, _ in group],
+                grid,
+                seed=seed,
+                progress=say,
+                where=f"validate [{i}/{len(shapes)}] {shape.name}: ",
+            )
+            for (p, q), (measured, compile_s) in zip(group, times, strict=True):
+                r = Result(p, q, measured, compile_s)
+                results.append(r)
+                say(
+                    f"  {p.label()}: measured {measured * 1e3:.4g} ms, predicted "
+                    f"{q.predicted_s * 1e3:.4g} ms ({r.error_pct:+.0f}%, {q.bound})"
+                )
+    return Validation(
+        device=device,
+        device_kind=profile_kind(device),
+        running_on=running,
+        mismatch=mismatch,
+        grid=grid,
+        results=tuple(results),
+        skipped=skipped,
+        date=date,
+        host=host(),
+        seconds=time.perf_counter() - started,
+    )

@@ -1,0 +1,321 @@
+"""Build and time the calls of one model shape's validation points.
+
+Each shape is one round-robin group. Every point's call is compiled first (its compile time
+kept), then autotune's ``time_interleaved`` times the group side by side: one untimed first
+call each, warm-up rounds, then rounds that call every point once in a rotating order, the
+median per point; each call blocks until its results are ready. A noisy machine so slows every
+point of a group alike, and each call follows other points' calls, so its weights come from
+memory rather than a warm cache (as autotune's rotated input sets do).
+
+What each family's call runs (float32 throughout, parameters drawn from a fixed seed):
+
+    decode       the serving engine's jitted decode loop (``Engine``'s own compiled function)
+                 for ``decode_steps`` steps on a cache of T positions; per step = call / steps
+    prefill      the engine's compiled prefill: B prompts of T tokens into a cache of T
+    train        ``make_train_step``'s step (loss, gradient, AdamW) on B windows of T + 1 ids
+    backbone     the model's blocks (``GPT.blocks``) on x of (B, 1, D)
+    attention    the einsums, mask and softmax of ``Attention._attend`` over L caches of T
+                 positions (without its output projection, which is a backbone matmul)
+    unembedding  ``GPT.logits``' einsum: h @ W[:V].T at HIGHEST precision, (B, V) f32
+
+An op's call takes only the arrays it reads (a jitted call's dispatch time grows with its
+arguments); a step's call takes what the engine or the training loop passes.
+
+The engine's prefill and decode are closures that ``Engine`` compiles for a trained run; a
+stand-in run (these parameters, one head, no tokenizer: ids are drawn, never encoded) lets them
+be compiled and called as ``serve`` calls them.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from vocabjax.autotune import Progress, time_interleaved
+from vocabjax.errors import UserError
+from vocabjax.models import GPT, GPTConfig
+from vocabjax.models.gpt import LayerCache
+from vocabjax.serving.engine import MIN_BUCKET, Engine, LoadedRun, Sampling
+from vocabjax.shapes import ModelShape
+from vocabjax.train import CorpusSpec, Functional, HeadTokenizer, RunConfig
+from vocabjax.train.steps import make_train_step, optimizer
+from vocabjax.validation.grid import Grid, Point
+
+Call = Callable[[], Any]
+
+
+class _Params:
+    """One shape's parameters, drawn once at the grid's largest V and longest sequence. A
+    smaller model's parameters (V rows of the tables, fewer positions) are prefix slices, each
+    distinct slice made once, so the points of a group share every array they can."""
+
+    def __init__(self, shape: ModelShape, vocab: int, max_seq: int, seed: int) -> None:
+        self.shape = shape
+        self.vocab, self.max_seq = vocab, max_seq
+        model = GPT(GPTConfig(shape, max_vocab=vocab, max_seq=max_seq), rngs=nnx.Rngs(seed))
+        _, self.base = Functional.of(model)
+        self._slices: dict[tuple, jax.Array] = {}
+        self._models: dict[tuple[int, int], tuple[Functional, dict[str, jax.Array]]] = {}
+
+    def model(self, vocab: int, max_seq: int) -> tuple[Functional, dict[str, jax.Array]]:
+        """(graph, parameters) of the GPT with ``vocab`` rows of tables and ``max_seq``
+        positions."""
+        key = (vocab, max_seq)
+        if key not in self._models:
+            config = GPTConfig(self.shape, max_vocab=vocab, max_seq=max_seq)
+            fn, like = Functional.of(nnx.eval_shape(lambda: GPT(config, rngs=nnx.Rngs(0))))
+            self._models[key] = (fn, {n: self._slice(n, like[n].shape) for n in fn.names})
+        return self._models[key]
+
+    def _slice(self, name: str, shape: tuple[int, ...]) -> jax.Array:
+        base = self.base[name]
+        if base.shape == shape:
+            return base
+        if (name, shape) not in self._slices:
+            self._slices[name, shape] = base[tuple(slice(0, n) for n in shape)]
+        return self._slices[name, shape]
+
+
+def _stand_in_engine(shape: ModelShape, fn: Functional, params, vocab: int, max_seq: int):
+    """An ``Engine`` over these parameters: one head of ``vocab``, no tokenizer, no separator."""
+    config = RunConfig(
+        shape=shape, heads=(vocab,), tokenizer="-", corpus=CorpusSpec("builtin"), steps=1,
+        seq_len=max_seq,
+    )  # fmt: skip
+    level = HeadTokenizer(vocab, None, None, np.zeros(vocab, np.int64))  # type: ignore[arg-type]
+    run = LoadedRun(Path("."), config, fn.model(params), fn, params, (level,), step=0)
+    return Engine(run)
+
+
+def _decode_attention(q_btkgd: jax.Array, caches: Sequence[LayerCache], pos_b: jax.Array) -> list:
+    """Decode attention of each layer over its cache, as ``Attention._attend`` computes it
+    (scores, causal mask up to ``pos_b``, softmax, weighted values), without the output
+    projection."""
+    s, dh = caches[0].k_bskd.shape[1], caches[0].k_bskd.shape[-1]
+    mask_bts = jnp.arange(s, dtype=pos_b.dtype)[None, None, :] <= pos_b[:, None, None]
+    out = []
+    for cache in caches:
+        scores = jnp.einsum(
+            "btkgd,bskd->bkgts", q_btkgd, cache.k_bskd, preferred_element_type=jnp.float32
+        ) / math.sqrt(dh)
+        scores = jnp.where(mask_bts[:, None, None], scores, -jnp.inf)
+        probs = jax.nn.softmax(scores, axis=-1)
+        out.append(
+            jnp.einsum("bkgts,bskd->btkgd", probs, cache.v_bskd, preferred_element_type=jnp.float32)
+        )
+    return out
+
+
+class Group:
+    """The calls of one shape's points, built (compiled) one by one, then timed together."""
+
+    def __init__(self, shape: ModelShape, grid: Grid, points: Sequence[Point], seed: int = 0):
+        self.shape, self.grid = shape, grid
+        self.params = _Params(shape, grid.max_vocab, grid.max_seq, seed)
+        self.rng = np.random.default_rng(seed)
+        # the prefill points: a decode point at the same (V, B, T) shares their engine build
+        self._prefills = {(p.vocab, p.batch, p.context) for p in points if p.family == "prefill"}
+        self._engines: dict[tuple, tuple] = {}
+        self._caches: dict[tuple[int, int], list] = {}
+        self._train_states: dict[int, tuple[Any, list]] = {}
+
+    # ---- inputs ---------------------------------------------------------------------------
+    def _normal(self, shape: tuple[int, ...]) -> jax.Array:
+        return jnp.asarray(self.rng.standard_normal(shape, dtype=np.float32))
+
+    def _cache_holder(self, batch: int, length: int) -> list:
+        """[caches] of B rows and ``length`` positions, shared by the decode points (which
+        donate it and put back the loop's result) and the attention points of that (B, T)."""
+        key = (batch, length)
+        if key not in self._caches:
+            m = self.shape
+            cache = (batch, length, m.n_kv_heads, m.dh)
+            self._caches[key] = [
+                tuple(
+                    LayerCache(self._normal(cache), self._normal(cache)) for _ in range(m.n_layers)
+                )
+            ]
+        return self._caches[key]
+
+    def _engine(self, vocab: int, batch: int, max_seq: int, bucket: int):
+        """(prefill, decode, compile seconds, example arguments) of the engine for a head of
+        ``vocab``, B rows, a cache of ``max_seq`` and prompts of ``bucket`` tokens."""
+        key = (vocab, batch, max_seq, bucket)
+        if key not in self._engines:
+            fn, params = self.params.model(vocab, max_seq)
+            engine = _stand_in_engine(self.shape, fn, params, vocab, max_seq)
+            ids = jnp.asarray(self.rng.integers(0, vocab, (batch, bucket), dtype=np.int32))
+            example = (params, ids, jnp.full((batch,), bucket, jnp.int32), jax.random.key(0))
+            # Engine's own compile step: prefill + decode loop, one warm-up call of each
+            prefill, decode, seconds = engine._functions(
+                vocab, batch, bucket, Sampling(), False, example
+            )
+            self._engines[key] = (prefill, decode, seconds, example)
+        return self._engines[key]
+
+    # ---- one call per family --------------------------------------------------------------
+    def build(self, point: Point) -> tuple[Call, float]:
+        """(the point's timed call, its compile seconds)."""
+        return getattr(self, f"_{point.family}")(point)
+
+    def _decode(self, p: Point) -> tuple[Call, float]:
+        t, n = p.context, self.grid.decode_steps
+        bucket = t if (p.vocab, p.batch, t) in self._prefills else min(MIN_BUCKET, t)
+        _, decode, seconds, (params, _, _, rng) = self._engine(p.vocab, p.batch, t, bucket)
+        holder = self._cache_holder(p.batch, t)
+        first_b = jnp.zeros((p.batch,), jnp.int32)
+        start_b = jnp.full((p.batch,), t - n, jnp.int32)  # the n steps end at the last position
+        limits_b = jnp.full((p.batch,), n + 1, jnp.int32)  # the first token counts as one
+        real_b = jnp.ones((p.batch,), bool)
+
+        def call():
+            done = decode(params, holder[0], first_b, start_b, limits_b, real_b, rng)
+            holder[0] = done.caches
+            return done
+
+        steps = int(jax.block_until_ready(call()).steps)
+        if steps != n:
+            raise UserError(f"{p.label()}: the engine's decode loop ran {steps} steps, not {n}")
+        return call, seconds
+
+    def _prefill(self, p: Point) -> tuple[Call, float]:
+        prefill, _, seconds, example = self._engine(p.vocab, p.batch, p.context, p.context)
+        return (lambda: prefill(*example)), seconds
+
+    def _train(self, p: Point) -> tuple[Call, float]:
+        fn, params = self.params.model(p.vocab, p.context)
+        config = RunConfig(
+            shape=self.shape, heads=(p.vocab,), tokenizer="-", corpus=CorpusSpec("builtin"),
+            steps=1000, seq_len=p.context, batch=p.batch,
+        )  # fmt: skip
+        if p.vocab not in self._train_states:
+            # one training state per V, continued by every batch size's step (memory: one
+            # copy of parameters and AdamW moments per V, as train/steps.py's ``stepping``)
+            tx = optimizer(config)
+            self._train_states[p.vocab] = (tx, [jax.tree.map(jnp.copy, (params, tx.init(params)))])
+        tx, holder = self._train_states[p.vocab]
+        step = make_train_step(fn, (p.vocab,), tx, config.impl)
+        batch_hbt = jnp.asarray(
+            self.rng.integers(0, p.vocab, (1, p.batch, p.context + 1), dtype=np.int32)
+        )
+        started = time.perf_counter()
+        compiled = step.lower(*holder[0], batch_hbt).compile()
+        seconds = time.perf_counter() - started
+
+        def call():
+            new_params, new_opt, losses = compiled(*holder[0], batch_hbt)
+            holder[0] = (new_params, new_opt)
+            return losses, new_params
+
+        return call, seconds
+
+    def _compiled(self, fn: Callable, *args) -> tuple[Call, float]:
+        started = time.perf_counter()
+        compiled = jax.jit(fn).lower(*args).compile()
+        return (lambda: compiled(*args)), time.perf_counter() - started
+
+    def _backbone(self, p: Point) -> tuple[Call, float]:
+        fn, params = self.params.model(self.params.vocab, self.params.max_seq)
+        # the blocks alone as (graph, arrays): the call takes their weights and nothing else
+        blocks_fn, blocks = Functional.of(fn.model(params).blocks)
+
+        def layers(blocks, x_btd):
+            for block in blocks_fn.model(blocks):
+                x_btd = block(x_btd)
+            return x_btd
+
+        return self._compiled(layers, blocks, self._normal((p.batch, 1, self.shape.d_model)))
+
+    def _attention(self, p: Point) -> tuple[Call, float]:
+        m = self.shape
+        q = self._normal((p.batch, 1, m.n_kv_heads, m.n_heads // m.n_kv_heads, m.dh))
+        holder = self._cache_holder(p.batch, p.context)
+        pos_b = jnp.full((p.batch,), p.context - 1, jnp.int32)  # every cached position seen
+        started = time.perf_counter()
+        compiled = jax.jit(_decode_attention).lower(q, holder[0], pos_b).compile()
+        seconds = time.perf_counter() - started
+        return (lambda: compiled(q, holder[0], pos_b)), seconds
+
+    def _unembedding(self, p: Point) -> tuple[Call, float]:
+        fn, params = self.params.model(p.vocab, self.params.max_seq)
+        w_vd = fn.model(params).head(p.vocab)
+        h_btd = self._normal((p.batch, 1, self.shape.d_model))
+
+        def logits(h_btd, w_vd):  # GPT.logits on the head's rows alone
+            return jnp.einsum(
+                "btd,vd->btv", h_btd, w_vd, preferred_element_type=jnp.float32,
+                precision=jax.lax.Precision.HIGHEST,
+            )  # fmt: skip
+
+        return self._compiled(logits, h_btd, w_vd)
+
+
+def resident_bytes(shape: ModelShape, points: Sequence[Point], grid: Grid) -> float:
+    """About the bytes a shape's group holds at once (f32): the parameters at the grid's
+    largest V and their smaller-V table slices, one KV cache per (B, T), one training state
+    (parameters and two AdamW moments) per training V, and the largest single call's
+    transient (a prefill's cache, the logits, a gradient)."""
+    f32, d = 4.0, shape.d_model
+    n_nv = float(shape.n_nonembedding)
+    tables = {v for p in points if p.vocab is not None for v in [p.vocab]} - {grid.max_vocab}
+    total = f32 * (n_nv + (2 * grid.max_vocab + grid.max_seq) * d)
+    total += sum(f32 * 2 * v * d for v in tables)
+    per_token = f32 * shape.kv_elements_per_token
+    caches = {(p.batch, p.context) for p in points if p.family in ("decode", "attention")}
+    total += sum(b * t * per_token for b, t in caches)
+    train = {p.vocab for p in points if p.family == "train"}
+    total += sum(3 * f32 * (n_nv + 2 * v * d) for v in train)
+    transient = [0.0]
+    for p in points:
+        if p.family == "prefill":
+            transient.append(p.batch * p.context * per_token)
+        elif p.family == "unembedding":
+            transient.append(f32 * p.batch * p.vocab)
+        elif p.family == "train":
+            transient.append(f32 * (n_nv + 2 * p.vocab * d))
+    return total + max(transient)
+
+
+def measure_group(
+    shape: ModelShape,
+    points: Sequence[Point],
+    grid: Grid,
+    *,
+    seed: int = 0,
+    progress: Progress | None = None,
+    where: str = "",
+) -> list[tuple[float, float]]:
+    """(measured seconds per step or op, compile seconds) of each of ``points`` (all of
+    ``shape``), timed round-robin as one group."""
+    say = progress or (lambda _m: None)
+    try:
+        group = Group(shape, grid, points, seed)
+        calls, compiles = [], []
+        for i, p in enumerate(points, 1):
+            call, seconds = group.build(p)
+            calls.append(call)
+            compiles.append(seconds)
+            say(f"{where}compiled {i}/{len(points)}: {p.label()} ({seconds:.1f} s)")
+        s = grid.timing
+        say(
+            f"{where}timing {len(points)} points round-robin ({s.warmup - 1} warm-up and "
+            f"{s.repeats} timed rounds after a first call each)"
+        )
+        times = time_interleaved(calls, [()], s)
+    except jax.errors.JaxRuntimeError as exc:  # e.g. RESOURCE_EXHAUSTED: the grid's memory
+        first = str(exc).strip().splitlines()[0][:300]
+        raise UserError(f"validate {shape.name}: the device refused a call: {first}") from None
+    finally:
+        group = calls = None  # free this shape's arrays before the next group
+        gc.collect()
+    per_call = [grid.decode_steps if p.family == "decode" else 1 for p in points]
+    return [(t / n, c) for t, n, c in zip(times, per_call, compiles, strict=True)]
