@@ -1440,12 +1440,23 @@ def autotune(vocab, batch, d_model, dtype, ops, quick, out, fmt):
     hidden=True,
     help="A preset grid by name (test: seconds, for the test suite).",
 )
+@click.option(
+    "--fit",
+    is_flag=True,
+    help="Calibrate the profile on two thirds of the points (efficiency by op size, launch "
+    "overhead) and report the error on the held-out third before and after.",
+)
+@click.option(
+    "--save-profile",
+    type=OutputFile(),
+    help="With --fit: write the calibrated device profile here (sweep, plan, serve read it).",
+)
 @click.option("--out", type=OutputFile(), help="Write the validation JSON (atomically).")
 @click.option(
     "--plot", type=OutputFile(figure=True), help="Write predicted against measured (.png)."
 )
 @format_option
-def validate(device, quick, grid_name, out, plot, fmt):
+def validate(device, quick, grid_name, fit, save_profile, out, plot, fmt):
     """Time this project's GPT, serving engine and training step on this machine beside the
     cost model's prediction for each point: decode and prefill steps, training steps, and the
     backbone, attention and unembedding ops alone, over shapes, V, B and context lengths.
@@ -1456,15 +1467,27 @@ def validate(device, quick, grid_name, out, plot, fmt):
         python cli.py autotune --quick --dtype f32 --out profiles/cpu.json
         python cli.py validate --device profiles/cpu.json --quick --out validation.json \\
             --plot validation.png
+        python cli.py validate --quick --fit --save-profile profiles/cpu-calibrated.json
     """
     from vocabjax import validation
+    from vocabjax.hardware import save_device
+    from vocabjax.validation.fit import calibrate
 
     if quick and grid_name not in (None, "quick"):
         raise click.UsageError(f"--quick and --grid {grid_name} clash: give one")
+    if save_profile and not fit:
+        raise click.UsageError("--save-profile needs --fit")
     name = grid_name or ("quick" if quick else "full")
     result = validation.validate(device, name, progress=log)
+    calibrated = None
+    if fit:
+        log(f"validate: fitting {result.device.name}'s efficiency on {len(result.results)} points")
+        calibrated = calibrate(result)
+        if save_profile:
+            save_device(calibrated.fit.profile, save_profile)
+            log(f"wrote {save_profile}")
     command = "python cli.py " + " ".join(sys.argv[1:])
-    doc = validation.document(result, command=command)
+    doc = validation.document(result, command=command, calibrated=calibrated)
     if out:
         atomic_write_json(out, doc)
         log(f"wrote {out}")
@@ -1484,6 +1507,14 @@ def validate(device, quick, grid_name, out, plot, fmt):
     emit(render.rows(validation.point_rows(result), fmt))
     emit("\n|error| of the cost model, percent of measured")
     emit(render.rows(validation.summary_rows(result), fmt))
+    if calibrated is not None:
+        held = calibrated.held_out(result.results)
+        emit(f"\nheld-out points ({len(held)}, not fitted): |error| before calibration")
+        emit(render.rows(validation.summary_rows(result, held), fmt))
+        emit("after calibration")
+        emit(
+            render.rows(validation.summary_rows(result, calibrated.held_out(calibrated.after)), fmt)
+        )
 
 
 if __name__ == "__main__":

@@ -425,3 +425,63 @@ def test_render_module_formats_every_row(real_run):
     for fmt in ("table", "markdown", "csv"):
         text = render.rows(validation.point_rows(measured), fmt)
         assert text.count("\n") >= len(measured.results)
+
+
+# ---- --fit -------------------------------------------------------------------------------------
+
+
+def test_fit_recovers_a_machine_and_prices_as_the_fit_does(monkeypatch, tmp_path):
+    """Timings made by a known 'machine' (efficiency tables and a launch overhead): the fit
+    on the quick grid's points finds it, and the re-priced held-out points match."""
+    import dataclasses
+
+    from vocabjax.calibration import predict_samples
+    from vocabjax.hardware import EfficiencyTable, load_device
+    from vocabjax.validation.fit import calibrate, sample
+
+    truth = dataclasses.replace(
+        CPU_PROFILE,
+        launch_overhead_s=2e-5,
+        compute_table=EfficiencyTable((1e5, 1e7, 1e9, 1e11), (0.05, 0.2, 0.5, 0.7)),
+        memory_table=EfficiencyTable((1e4, 1e6, 1e8, 1e10), (3.0, 1.5, 0.8, 0.6)),
+    )
+
+    def machine(shape, points, grid, **kw):
+        return [(predict(p, truth).predicted_s, 0.1) for p in points]
+
+    monkeypatch.setattr(validation_run, "measure_group", machine)
+    v = validation.validate(CPU_PROFILE, "quick")
+    cal = calibrate(v)
+    held = cal.held_out(cal.after)
+    assert len(held) >= 10 and len(cal.fit.fit_keys) >= 12
+    before = validation.summary(cal.held_out(v.results))["median_abs_error_pct"]
+    after = validation.summary(held)["median_abs_error_pct"]
+    assert before > 30 and after < 10, (before, after)
+    # the cost model and the fit price every point alike
+    priced = predict_samples(cal.fit.profile, [sample(r) for r in v.results], dtype="f32")
+    for r, ours in zip(cal.after, priced):
+        assert r.prediction.predicted_s == pytest.approx(ours, rel=1e-9), r.point.label()
+    # the command line writes the calibrated profile, which sweep then reads
+    profile, out = tmp_path / "cal.json", tmp_path / "v.json"
+    result = invoke("--quick", "--device", "a100-80gb", "--fit", "--save-profile", str(profile),
+                    "--out", str(out))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    assert set(doc["summary"]) == {"before", "before_held_out", "after"}
+    assert doc["summary"]["after"]["n"] == sum(p["held_out"] for p in doc["points"])
+    assert load_device(str(profile)).calibrated and doc["calibration"]["fit_points"] >= 12
+    swept = CliRunner().invoke(cli.main, ["sweep", "--device", str(profile), "--vocab", "8k"])
+    assert swept.exit_code == 0 and "calibrated on validate --grid quick" in swept.output
+
+
+def test_fit_on_too_few_points_is_one_error_and_no_file(tmp_path, monkeypatch):
+    fake_times(monkeypatch)
+    profile = tmp_path / "cal.json"
+    result = invoke("--grid", "test", "--device", "a100-80gb", "--fit", "--save-profile",
+                    str(profile))  # fmt: skip
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    errors = [x for x in result.output.splitlines() if x.startswith("Error:")]
+    assert len(errors) == 1 and "needs at least 12 points in the fit split" in errors[0]
+    assert not profile.exists()
+    bad = invoke("--grid", "test", "--save-profile", str(profile))
+    assert bad.exit_code == 2 and "--save-profile needs --fit" in bad.output

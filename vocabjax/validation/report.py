@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from vocabjax import plots
+from vocabjax.calibration import is_held_out
 from vocabjax.profiles import SCHEMA
+from vocabjax.validation.fit import Calibrated
 from vocabjax.validation.grid import FAMILIES
 from vocabjax.validation.prediction import DTYPE, settings_for
 from vocabjax.validation.run import Result, Validation
@@ -122,10 +124,15 @@ def grid_json(v: Validation) -> dict[str, Any]:
     }
 
 
-def document(v: Validation, *, command: str | None = None) -> dict[str, Any]:
+def document(
+    v: Validation, *, command: str | None = None, calibrated: Calibrated | None = None
+) -> dict[str, Any]:
     """The JSON of a run: ``{"schema": 1, "kind": "validation", "device", "points",
-    "summary": {"before": ...}}`` and how it was made."""
-    return {
+    "summary": {"before": ...}}`` and how it was made. With ``calibrated`` (``--fit``): each
+    point says whether it was held out and its prediction after; ``summary.after`` and
+    ``summary.before_held_out`` are on the held-out points only; ``calibration`` is the
+    calibrated profile's record."""
+    doc = {
         "schema": SCHEMA,
         "kind": KIND,
         "date": v.date,
@@ -137,6 +144,15 @@ def document(v: Validation, *, command: str | None = None) -> dict[str, Any]:
         "points": [point_json(r) for r in v.results],
         "summary": {"before": summary(v.results)},
     }
+    if calibrated is not None:
+        for p, after in zip(doc["points"], calibrated.after, strict=True):
+            p["held_out"] = is_held_out(after.point.label())
+            p["predicted_after_s"] = after.prediction.predicted_s
+            p["error_after_pct"] = after.error_pct
+        doc["summary"]["before_held_out"] = summary(calibrated.held_out(v.results))
+        doc["summary"]["after"] = summary(calibrated.held_out(calibrated.after))
+        doc["calibration"] = dict(calibrated.fit.profile.calibration or {})
+    return doc
 
 
 def point_rows(v: Validation) -> list[dict[str, Any]]:
@@ -144,9 +160,10 @@ def point_rows(v: Validation) -> list[dict[str, Any]]:
     return [{c: point_json(r)[c] for c in COLUMNS} for r in v.results]
 
 
-def summary_rows(v: Validation) -> list[dict[str, Any]]:
-    """Rows of |error| per family, per bound and over all points."""
-    s = summary(v.results)
+def summary_rows(v: Validation, results: Sequence[Result] | None = None) -> list[dict[str, Any]]:
+    """Rows of |error| per family, per bound and over all points (of ``results``, by default
+    the run's)."""
+    s = summary(v.results if results is None else results)
     rows = [{"group": f"family {f}", **x} for f, x in s["by_family"].items()]
     rows += [{"group": f"bound {b}", **x} for b, x in s["by_bound"].items()]
     rows.append({"group": "all", **{k: s[k] for k in ("n", "median_abs_error_pct",
