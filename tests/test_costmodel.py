@@ -92,7 +92,9 @@ def test_breakdown_reports_bounds():
 
 
 vocab_st = st.integers(min_value=1024, max_value=2**21)
-device_st = st.sampled_from(sorted(BUILTIN_DEVICES))
+# The pure roofline's properties (linear in V, a flat floor past the ridge) hold at constant
+# efficiency: the datasheet profiles. A calibrated one's efficiency varies with op size.
+device_st = st.sampled_from(sorted(n for n, p in BUILTIN_DEVICES.items() if not p.calibrated))
 shape_st = st.sampled_from(sorted(BUILTIN_SHAPES))
 
 
