@@ -19,20 +19,24 @@ BASE = dataclasses.replace(load_device("a100-80gb"), launch_overhead_s=4e-6)
 TRUTH = dataclasses.replace(
     BASE,
     launch_overhead_s=9e-6,
+    dispatch_overhead_s=2e-4,
     compute_table=EfficiencyTable((1e8, 1e10, 1e12, 1e14), (0.05, 0.3, 0.7, 0.8)),
     memory_table=EfficiencyTable((1e5, 1e7, 1e9, 1e11), (0.1, 0.45, 0.8, 0.85)),
 )
 
 
 def synthetic(n: int = 160, seed: int = 0) -> list[Sample]:
-    """Points with 1-3 ops of sizes spread over the tables' range; times from TRUTH."""
+    """Points with 1-3 ops of sizes spread over the tables' range, charged no host call (a
+    kernel timing), one (an op called alone) or an eighth (a step of a decode loop); times from
+    TRUTH."""
     rng = np.random.default_rng(seed)
     out = []
     for i in range(n):
         k = int(rng.integers(1, 4))
         flops = tuple(float(10 ** rng.uniform(8, 14)) for _ in range(k))
         nbytes = tuple(float(10 ** rng.uniform(5, 11)) for _ in range(k))
-        s = Sample(f"p{i}", "decode", flops, nbytes, float(rng.integers(1, 40)), 1.0)
+        calls = (0.0, 1.0, 0.125)[i % 3]
+        s = Sample(f"p{i}", "decode", flops, nbytes, float(rng.integers(1, 40)), 1.0, calls=calls)
         out.append(s)
     times = predict_samples(TRUTH, out, dtype="bf16")
     return [dataclasses.replace(s, measured_s=float(t)) for s, t in zip(out, times)]
@@ -57,14 +61,16 @@ def test_the_fit_recovers_synthetic_timings(fitted):
     assert np.median(err_after) < 0.05 and err_after.max() < 0.3
     assert fit.log_residual_sd < 0.1
     assert fit.profile.launch_overhead_s == pytest.approx(9e-6, rel=0.3)
+    assert fit.profile.dispatch_overhead_s == pytest.approx(2e-4, rel=0.3)
     cal = fit.profile.calibration
+    assert cal["base_dispatch_overhead_s"] == 0.0
     assert cal["fit_points"] == len(fit.fit_keys) and cal["held_out_points"] == len(held)
 
 
 def test_the_cost_model_prices_with_the_fitted_tables(fitted):
     """A decode step priced by CostModel equals the fit's own pricing of its ops."""
     _, fit = fitted
-    cm = CostModel(fit.profile, load_shape("llama-8b"), Settings())
+    cm = CostModel(fit.profile, load_shape("llama-8b"), Settings(steps_per_call=8))
     v, b, t = 32768.0, 16.0, 1024.0
     ops = cm.decode_ops(v, b, t)
     launches = cm.shape.n_layers * cm.settings.launches_per_layer + 3
@@ -76,12 +82,22 @@ def test_the_cost_model_prices_with_the_fitted_tables(fitted):
         float(launches),
         1.0,
         kernels=tuple(float(o.kernels) for o in ops.values()),
+        calls=1 / 8,
     )
     ours = predict_samples(fit.profile, [sample], dtype="bf16")[0]
     assert cm.decode_step(v, b, t, xp=PyMath) == pytest.approx(ours, rel=1e-9)
     import jax.numpy as jnp
 
     assert float(cm.decode_step(jnp.float32(v), b, t)) == pytest.approx(ours, rel=1e-5)
+
+
+def test_kernel_timings_leave_the_dispatch_overhead_as_it_was():
+    """Samples charged no host call (GPU kernel timings) carry no information on dispatch: the
+    fit keeps the profile's value rather than inventing one."""
+    samples = [dataclasses.replace(s, calls=0.0) for s in synthetic(n=60)]
+    fit = fit_profile(BASE, samples, dtype="bf16", source="kernels")
+    assert fit.profile.dispatch_overhead_s == BASE.dispatch_overhead_s == 0.0
+    assert "dispatch" not in fit.profile.calibration["method"]
 
 
 def test_a_calibrated_profile_round_trips_and_sweeps(fitted, tmp_path):

@@ -30,6 +30,7 @@ def test_profile_round_trip(tmp_path):
             "peak_flops",
             "ridge_point",
             "launch_overhead_s",
+            "dispatch_overhead_s",
         }
 
 

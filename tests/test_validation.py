@@ -39,7 +39,8 @@ CPU_PROFILE = DeviceProfile(
 )
 POINT_KEYS = {
     "family", "kind", "shape", "vocab", "batch", "context", "flops", "bytes", "launches",
-    "launch_s", "predicted_s", "measured_s", "compile_s", "error_pct", "bound", "ops",
+    "launch_s", "calls", "dispatch_s", "predicted_s", "measured_s", "compile_s", "error_pct",
+    "bound", "ops",
 }  # fmt: skip
 SUMMARY_KEYS = {"n", "median_abs_error_pct", "max_abs_error_pct"}
 

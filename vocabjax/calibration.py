@@ -4,11 +4,15 @@ The roofline prices an op at ``max(F / (P e_c), Y / (BW e_m))`` and a step at th
 plus ``n`` launches of ``l`` seconds (costmodel.py). A datasheet profile has e_c = e_m = 1; real
 kernels reach less on small ops (launch-bound, too few blocks to fill the device) and, on a CPU,
 more than a large copy's bandwidth where the data stays in cache. The fit replaces the two
-scalars with tables over the op's size and refits ``l``:
+scalars with tables over the op's size:
 
     e_c(F) = interp(log F; knots, exp(u_c)),   e_m(Y) = interp(log Y; knots, exp(u_m))
 
-with ``KNOTS`` knots each, log-spaced over the sizes the samples hold, fitted by least squares
+with ``KNOTS`` knots each, log-spaced over the sizes the samples hold, and refits ``l`` and the
+host cost of one call ``c`` (``dispatch_overhead_s``: a point charged ``k`` calls pays ``k c``;
+a decode step of a loop of ``n`` steps per call pays ``c / n``). ``c`` is fitted only when some
+sample is charged calls (kernel timings, as the GPU fits use, never are). All are fitted by
+least squares
 on the log of the step time (every point weighs alike whether it takes a microsecond or a
 second), with a small penalty on the difference of neighbouring knots so that a knot no op
 reaches follows its neighbours. The model priced with the fitted profile is the very same
@@ -35,14 +39,15 @@ from vocabjax.errors import UserError
 from vocabjax.hardware import MAX_FITTED_EFFICIENCY, DeviceProfile, EfficiencyTable
 from vocabjax.xp import interp
 
-KNOTS = 4  # per table; with the launch overhead 2 * KNOTS + 1 parameters
-N_PARAMS = 2 * KNOTS + 1
+KNOTS = 4  # per table; with the launch and dispatch overheads 2 * KNOTS + 2 parameters
+N_PARAMS = 2 * KNOTS + 2
 MIN_FIT_SAMPLES = 12  # above N_PARAMS, so the fit is overdetermined
 HELD_OUT = 1 / 3
 SMOOTHNESS = 1e-2  # weight of the squared log-efficiency differences between neighbour knots
 STEPS = 3000
 LEARNING_RATE = 0.05
-MIN_LAUNCH_S = 1e-9
+MIN_LAUNCH_S = 1e-9  # floor of the fitted launch and dispatch overheads
+START_DISPATCH_S = 1e-5  # where the dispatch fit starts when the profile has none
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +63,7 @@ class Sample:
     measured_s: float
     fixed_s: float = 0.0
     kernels: tuple[float, ...] = ()  # per op (Op.kernels): efficiency is read at one's size
+    calls: float = 0.0  # host calls charged (a decode step: 1 / steps per call; kernels: 0)
 
     def __post_init__(self) -> None:
         if len(self.flops) != len(self.nbytes):
@@ -109,26 +115,28 @@ def _pad(samples: Sequence[Sample]) -> tuple[np.ndarray, ...]:
         nbytes[i, : len(s.nbytes)] = s.nbytes
         kernels[i, : len(s.kernels)] = s.kernels
     launches = np.array([s.launches for s in samples], float)
+    calls = np.array([s.calls for s in samples], float)
     fixed = np.array([s.fixed_s for s in samples], float)
     measured = np.array([s.measured_s for s in samples], float)
-    return flops, nbytes, kernels, launches, fixed, measured
+    return flops, nbytes, kernels, launches, calls, fixed, measured
 
 
 def _predict(params, arrays, *, peak, bandwidth, c_knots, m_knots):
-    """Step times under ``params`` (u_c, u_m, u_l), as CostModel.op_time prices each op."""
-    flops, nbytes, kernels, launches, fixed = arrays
+    """Step times under ``params`` (u_c, u_m, u_l, u_d), as CostModel.op_time prices each op."""
+    flops, nbytes, kernels, launches, calls, fixed = arrays
     one_f = jnp.log(jnp.maximum(flops / kernels, 1.0))  # one kernel's size, as Op.kernels says
     one_y = jnp.log(jnp.maximum(nbytes / kernels, 1.0))
     e_c = interp(one_f, c_knots, jnp.exp(params["u_c"]), xp=jnp)
     e_m = interp(one_y, m_knots, jnp.exp(params["u_m"]), xp=jnp)
     t_ops = jnp.maximum(flops / (peak * e_c), nbytes / (bandwidth * e_m))
-    return t_ops.sum(axis=1) + launches * jnp.exp(params["u_l"]) + fixed
+    overheads = launches * jnp.exp(params["u_l"]) + calls * jnp.exp(params["u_d"])
+    return t_ops.sum(axis=1) + overheads + fixed
 
 
 def fit_profile(
     device: DeviceProfile, samples: Sequence[Sample], *, dtype: str, source: str
 ) -> Fit:
-    """Fit ``device``'s efficiency tables and launch overhead on the fit split of ``samples``
+    """Fit ``device``'s efficiency tables and overheads on the fit split of ``samples``
     (``dtype``: the peak the samples ran at). The returned profile carries the tables and a
     ``calibration`` record: the knots' provenance, the split, and the held-out errors before and
     after. Raises UserError when the fit split is smaller than ``MIN_FIT_SAMPLES``."""
@@ -143,10 +151,13 @@ def fit_profile(
     if not held:
         raise UserError(f"none of the {len(samples)} points fell in the held-out split")
     peak, bandwidth = device.flops(dtype), device.hbm_bandwidth
-    flops, nbytes, kernels, launches, fixed, measured = _pad(fit)
+    flops, nbytes, kernels, launches, calls, fixed, measured = _pad(fit)
+    fits_dispatch = bool(np.any(calls > 0))
     c_knots, m_knots = _knots(flops / kernels), _knots(nbytes / kernels)
     log_c, log_m = [math.log(k) for k in c_knots], [math.log(k) for k in m_knots]
-    arrays = tuple(jnp.asarray(a, jnp.float32) for a in (flops, nbytes, kernels, launches, fixed))
+    arrays = tuple(
+        jnp.asarray(a, jnp.float32) for a in (flops, nbytes, kernels, launches, calls, fixed)
+    )
     log_meas = jnp.log(jnp.asarray(measured, jnp.float32))
     predict = jax.tree_util.Partial(
         _predict, peak=peak, bandwidth=bandwidth, c_knots=log_c, m_knots=log_m
@@ -172,6 +183,7 @@ def fit_profile(
                 "u_c": jnp.clip(params["u_c"], -20.0, cap),
                 "u_m": jnp.clip(params["u_m"], -20.0, cap),
                 "u_l": jnp.clip(params["u_l"], math.log(MIN_LAUNCH_S), 0.0),
+                "u_d": jnp.clip(params["u_d"], math.log(MIN_LAUNCH_S), 0.0),
             }
             return (params, state), None
 
@@ -182,23 +194,27 @@ def fit_profile(
         "u_c": jnp.full(KNOTS, math.log(device.compute_efficiency), jnp.float32),
         "u_m": jnp.full(KNOTS, math.log(device.memory_efficiency), jnp.float32),
         "u_l": jnp.float32(math.log(max(device.launch_overhead_s, MIN_LAUNCH_S))),
+        "u_d": jnp.float32(math.log(device.dispatch_overhead_s or START_DISPATCH_S)),
     }
     params = jax.device_get(run(start))
     if not all(np.all(np.isfinite(v)) for v in params.values()):
         raise UserError("the fit did not converge (a parameter is not finite)")
     sd = float(np.std(np.log(np.asarray(predict(params, arrays))) - np.asarray(log_meas)))
+    dispatch = float(np.exp(params["u_d"])) if fits_dispatch else device.dispatch_overhead_s
     profile = dataclasses.replace(
         device,
         launch_overhead_s=float(np.exp(params["u_l"])),
+        dispatch_overhead_s=dispatch,
         compute_table=_table(c_knots, params["u_c"]),
         memory_table=_table(m_knots, params["u_m"]),
         source=f"{device.source}; calibrated: {source}",
         calibration={
             "source": source,
             "method": f"least squares on log step time, {KNOTS} log-spaced knots per table, "
-            f"launch overhead refitted; {len(fit)} points fitted, {len(held)} held out "
-            "by a hash of each point's key",
+            f"launch overhead{' and dispatch overhead' if fits_dispatch else ''} refitted; "
+            f"{len(fit)} points fitted, {len(held)} held out by a hash of each point's key",
             "base_launch_overhead_s": device.launch_overhead_s,
+            **({"base_dispatch_overhead_s": device.dispatch_overhead_s} if fits_dispatch else {}),
             "fit_points": len(fit),
             "held_out_points": len(held),
             "log_residual_sd": sd,
@@ -220,10 +236,11 @@ def _table(knots: np.ndarray, u: np.ndarray) -> EfficiencyTable:
 def predict_samples(profile: DeviceProfile, samples: Sequence[Sample], *, dtype: str) -> np.ndarray:
     """Step times of ``samples`` under ``profile``'s tables (or scalars): the fit's own pricing,
     for tests and for re-pricing without a cost model."""
-    flops, nbytes, kernels, launches, fixed, _ = _pad(samples)
+    flops, nbytes, kernels, launches, calls, fixed, _ = _pad(samples)
     peak, bandwidth = profile.flops(dtype), profile.hbm_bandwidth
     c, m = profile.compute_table, profile.memory_table
     e_c = c.at(flops / kernels, xp=np) if c else profile.compute_efficiency
     e_m = m.at(nbytes / kernels, xp=np) if m else profile.memory_efficiency
     t_ops = np.maximum(flops / (peak * e_c), nbytes / (bandwidth * e_m))
-    return t_ops.sum(axis=1) + launches * profile.launch_overhead_s + fixed
+    overheads = launches * profile.launch_overhead_s + calls * profile.dispatch_overhead_s
+    return t_ops.sum(axis=1) + overheads + fixed

@@ -49,6 +49,7 @@ class Settings:
     include_prefill: bool = False  # charge each sequence's prompt prefill to its output bytes
     launches_per_layer: int = 8  # kernel launches per layer per step (norms, matmuls, attention)
     train_seq_tokens: int = 2048  # training context length, tokens
+    steps_per_call: int = 1  # decode steps per host call (an on-device loop runs several)
 
     def __post_init__(self) -> None:
         if self.mode not in COST_MODES:
@@ -68,6 +69,8 @@ class Settings:
                 )
         if self.train_seq_tokens <= 0 or self.launches_per_layer < 0:
             raise UserError("train_seq_tokens must be > 0 and launches_per_layer >= 0")
+        if self.steps_per_call < 1:
+            raise UserError(f"steps_per_call must be >= 1, got {self.steps_per_call}")
 
     @property
     def full(self) -> bool:
@@ -84,6 +87,7 @@ class Op(NamedTuple):
 
 
 MATMULS_PER_LAYER = 4  # QKV, attention output, MLP in (up and gate fused), MLP out
+PREFILL_HEAD_OPS = 2  # launches of the prefill's head: the last token's logits and their max
 
 
 class OpTime(NamedTuple):
@@ -272,15 +276,22 @@ class CostModel:
             times["sampling"] = OpTime(0.0 * t, 0.0 * t, 0.0 * t, measured=True)
         return times
 
+    def decode_head_ops(self) -> int:
+        """Kernel launches of a decode step's head: one fused or measured kernel, else the
+        unembedding matmul, the logits' reduction and the sampling."""
+        return 1 if self.measured_unembed is not None or self.settings.fused_logits else 3
+
     def decode_step(self, vocab, batch, context, *, xp=jnp):
-        """Seconds for one decode step (ops + launches)."""
+        """Seconds for one decode step: ops + launches + its share of one host call."""
         times = self.decode_times(vocab, batch, context, xp=xp)
-        head_ops = 1 if self.measured_unembed is not None or self.settings.fused_logits else 3
-        return sum(t.t for t in times.values()) + self._launches(head_ops)
+        dispatch = self.device.dispatch_overhead_s / self.settings.steps_per_call
+        return sum(t.t for t in times.values()) + self._launches(self.decode_head_ops()) + dispatch
 
     def prefill_time(self, vocab, batch, prompt_tokens, *, xp=jnp):
+        """Seconds for the prompt pass: ops + launches + one host call."""
         ops = self.prefill_ops(vocab, batch, prompt_tokens)
-        return sum(self.op_time(op, xp=xp).t for op in ops.values()) + self._launches(2)
+        launches = self._launches(PREFILL_HEAD_OPS) + self.device.dispatch_overhead_s
+        return sum(self.op_time(op, xp=xp).t for op in ops.values()) + launches
 
     # ---- per-byte costs ---------------------------------------------------------------------
     def beta(self, vocab, *, xp=jnp):
@@ -319,14 +330,17 @@ class CostModel:
 
     def c_train(self, vocab, *, xp=jnp):
         """Seconds per training byte: measured s/token when a training profile has it, else
-        the compute roofline of the training FLOPs; divided by beta(V)."""
+        the compute roofline of the training FLOPs (plus a step's host call over its tokens);
+        divided by beta(V)."""
         if self.training is not None:
             t_token = self.training.seconds_per_token(vocab, xp=xp)
         else:
             per_token = self.train_flops_per_token(vocab)
-            # a calibrated e_c is read at the FLOPs of one training sequence's step
-            step = per_token * float(self.settings.train_seq_tokens)
-            t_token = per_token / self.compute_rate(step, xp=xp)
+            # the model's training step is one sequence: a calibrated e_c is read at its FLOPs,
+            # and its one host call is spread over its tokens
+            seq = float(self.settings.train_seq_tokens)
+            t_token = per_token / self.compute_rate(per_token * seq, xp=xp)
+            t_token = t_token + self.device.dispatch_overhead_s / seq
         return t_token / self.beta(vocab, xp=xp)
 
     # ---- memory ------------------------------------------------------------------------------

@@ -173,6 +173,11 @@ class DeviceProfile:
     compute_table: EfficiencyTable | None = None  # e_c by an op's FLOPs
     memory_table: EfficiencyTable | None = None  # e_m by an op's bytes
     calibration: Mapping[str, Any] | None = None
+    # Host cost of one call of a compiled program (argument handling, output allocation, the
+    # wait for its results), charged once per call rather than per kernel: the decode loop of a
+    # serving engine pays it once per call of however many steps. 0: not modelled (datasheet
+    # profiles, and GPU fits on kernel timings, which never include it).
+    dispatch_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.peak_flops:
@@ -183,6 +188,11 @@ class DeviceProfile:
         positive_number(self.memory_bytes, where=f"device {self.name!r} memory_bytes")
         positive_number(
             self.launch_overhead_s, where=f"device {self.name!r} launch_overhead_s", allow_zero=True
+        )
+        positive_number(
+            self.dispatch_overhead_s,
+            where=f"device {self.name!r} dispatch_overhead_s",
+            allow_zero=True,
         )
         for field in ("compute_efficiency", "memory_efficiency"):
             value = positive_number(getattr(self, field), where=f"device {self.name!r} {field}")
@@ -218,6 +228,7 @@ class DeviceProfile:
                 "peak_flops": dict(self.peak_flops),
                 "ridge_point": {d: self.ridge_point(d) for d in self.peak_flops},
                 "launch_overhead_s": self.launch_overhead_s,
+                "dispatch_overhead_s": self.dispatch_overhead_s,
             },
             "efficiency": {
                 "compute": self.compute_efficiency,
@@ -290,6 +301,11 @@ class DeviceProfile:
                 where=f"{where}: ceilings.launch_overhead_s",
                 allow_zero=True,
             ),
+            dispatch_overhead_s=positive_number(
+                ceilings.get("dispatch_overhead_s", 0.0),
+                where=f"{where}: ceilings.dispatch_overhead_s",
+                allow_zero=True,
+            ),
             source=text(data.get("source", where), where=f"{where}: source"),
             compute_efficiency=e_c,
             memory_efficiency=e_m,
@@ -307,7 +323,9 @@ DEVICE_FIELDS = (
 )  # fmt: skip
 TABLE_FIELDS = {"compute_table": "compute_by_flops", "memory_table": "memory_by_bytes"}
 EFFICIENCY_FIELDS = ("compute", "memory", *TABLE_FIELDS.values())
-CEILING_FIELDS = ("hbm_bandwidth", "peak_flops", "ridge_point", "launch_overhead_s")
+CEILING_FIELDS = (
+    "hbm_bandwidth", "peak_flops", "ridge_point", "launch_overhead_s", "dispatch_overhead_s",
+)  # fmt: skip
 
 
 # Launch overhead is not a datasheet number. 4 us is the order of a CUDA kernel launch seen from

@@ -24,6 +24,7 @@ def sample(r: Result) -> Sample:
         flops=tuple(o.flops for o in ops),
         nbytes=tuple(o.bytes or 0.0 for o in ops),
         launches=r.prediction.launches,
+        calls=r.prediction.calls,
         measured_s=r.measured_s,
         fixed_s=fixed,
         kernels=tuple(o.kernels for o in ops),
@@ -45,7 +46,11 @@ def calibrate(v: Validation) -> Calibrated:
     """Fit ``v.device``'s efficiency tables and launch overhead on the fit split of ``v``."""
     source = f"validate --grid {v.grid.name} on {v.running_on} ({v.host}), {v.date}"
     fit = fit_profile(v.device, [sample(r) for r in v.results], dtype=DTYPE, source=source)
+    steps = v.grid.decode_steps
     after = tuple(
-        Result(r.point, predict(r.point, fit.profile), r.measured_s, r.compile_s) for r in v.results
+        Result(
+            r.point, predict(r.point, fit.profile, decode_steps=steps), r.measured_s, r.compile_s
+        )
+        for r in v.results
     )
     return Calibrated(fit, after)

@@ -6,14 +6,21 @@ CPU) and the ``full`` cost mode. Per family:
 
     decode       CostModel.decode_step(V, B, T): embedding + backbone + attention over the T
                  cache positions + unembedding + sampling, plus (L launches_per_layer + head
-                 ops) launches. The engine's attention reads every cache position (masked), so
-                 T is the cache length.
-    prefill      CostModel.prefill_time(V, B, T): T prompt tokens per row, logits for the last.
-    train        see :func:`train_step`: compute only, as ``c_train`` prices training.
+                 ops) launches, plus 1 / decode_steps host calls (the engine's loop runs
+                 decode_steps steps per call). The engine's attention reads every cache
+                 position (masked), so T is the cache length.
+    prefill      CostModel.prefill_time(V, B, T): T prompt tokens per row, logits for the last,
+                 one host call.
+    train        see :func:`train_step`: compute only, as ``c_train`` prices training, and one
+                 host call.
     backbone     op_time(decode_ops["backbone"]) + L launches_per_layer launches (the layers'
-                 own launches in a decode step).
-    attention    op_time(decode_ops(T)["attention"]) + L launches (one attention per layer).
-    unembedding  op_time(decode_ops["unembedding"]) + 1 launch: the B x V f32 logits written.
+                 own launches in a decode step) + 1 host call.
+    attention    op_time(decode_ops(T)["attention"]) + L launches (one attention per layer)
+                 + 1 host call.
+    unembedding  op_time(decode_ops["unembedding"]) + 1 launch + 1 host call: the B x V f32
+                 logits written.
+
+A host call costs the profile's ``dispatch_overhead_s`` (0 unless measured or fitted).
 
 Op rows keep each op's FLOPs and bytes, so a later fit can re-price a point without timing it.
 """
@@ -23,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from vocabjax.costmodel import CostModel, Op, OpTime, Settings
+from vocabjax.costmodel import PREFILL_HEAD_OPS, CostModel, Op, OpTime, Settings
 from vocabjax.hardware import DeviceProfile
 from vocabjax.validation.grid import Point
 from vocabjax.xp import PyMath
@@ -31,13 +38,15 @@ from vocabjax.xp import PyMath
 DTYPE = "f32"  # what validate runs: weights, KV cache and activations in float32
 
 
-def settings_for(point: Point) -> Settings:
+def settings_for(point: Point, decode_steps: int = 1) -> Settings:
     """The cost-model settings of a point: float32 throughout, full mode; the training context
-    is the point's sequence length (it enters the attention FLOPs of a training token)."""
+    is the point's sequence length (it enters the attention FLOPs of a training token); a
+    decode point's loop runs ``decode_steps`` steps per host call."""
     seq = point.context if point.family == "train" and point.context else Settings.train_seq_tokens
     return Settings(
-        mode="full", weight_dtype=DTYPE, kv_dtype=DTYPE, act_dtype=DTYPE, train_seq_tokens=seq
-    )
+        mode="full", weight_dtype=DTYPE, kv_dtype=DTYPE, act_dtype=DTYPE, train_seq_tokens=seq,
+        steps_per_call=decode_steps if point.family == "decode" else 1,
+    )  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +73,9 @@ class Prediction:
     ops: tuple[OpRow, ...]
     launches: float  # kernel launches charged
     launch_s: float  # launches x the device's launch overhead
-    predicted_s: float  # sum of the ops' t plus launch_s
+    predicted_s: float  # sum of the ops' t plus launch_s plus dispatch_s
+    calls: float = 0.0  # host calls per measured unit (a decode step: 1 / steps per call)
+    dispatch_s: float = 0.0  # calls x the device's dispatch overhead
 
     @property
     def flops(self) -> float:
@@ -78,9 +89,9 @@ class Prediction:
     @property
     def bound(self) -> str:
         """What the model says holds: the largest of the compute-bound ops' time, the
-        memory-bound ops' time and the launch time. A measured kernel time counts by its
-        roofline's bound."""
-        share = {"compute": 0.0, "memory": 0.0, "launch": self.launch_s}
+        memory-bound ops' time and the launch and dispatch time ("launch"). A measured kernel
+        time counts by its roofline's bound."""
+        share = {"compute": 0.0, "memory": 0.0, "launch": self.launch_s + self.dispatch_s}
         for o in self.ops:
             share["memory" if o.t_mem is not None and o.t_mem > o.t_math else "compute"] += o.t
         return max(share, key=lambda k: share[k])
@@ -112,30 +123,33 @@ def train_step(cm: CostModel, vocab: int, batch: int, seq: int) -> OpRow:
     return OpRow("train", flops, None, t, None, t, "compute")
 
 
-def predict(point: Point, device: DeviceProfile) -> Prediction:
-    """The cost model's time for ``point`` on ``device`` (module docstring, per family)."""
-    cm = CostModel(device, point.shape, settings_for(point))
+def predict(point: Point, device: DeviceProfile, *, decode_steps: int = 1) -> Prediction:
+    """The cost model's time for ``point`` on ``device`` (module docstring, per family); a
+    decode point's time is per step of a loop of ``decode_steps`` steps per call."""
+    cm = CostModel(device, point.shape, settings_for(point, decode_steps))
     m, s = point.shape, cm.settings
     b = float(point.batch)
     per_layer = float(m.n_layers * s.launches_per_layer)
+    dispatch = device.dispatch_overhead_s
     if point.family == "train":
         row = train_step(cm, point.vocab, point.batch, point.context)
-        return Prediction((row,), 0.0, 0.0, row.t)
+        return Prediction((row,), 0.0, 0.0, row.t + dispatch, 1.0, dispatch)
     if point.family == "prefill":
         v, t = float(point.vocab), float(point.context)
         ops = cm.prefill_ops(v, b, t)
         rows = tuple(_row(k, op, cm.op_time(op, xp=PyMath)) for k, op in ops.items())
-        n, launch_s = _launch(cm, per_layer + 2)  # CostModel.prefill_time's head ops
+        n, launch_s = _launch(cm, per_layer + PREFILL_HEAD_OPS)
         total = cm.prefill_time(v, b, t, xp=PyMath)
-        return Prediction(rows, n, launch_s, total)
+        return Prediction(rows, n, launch_s, total, 1.0, dispatch)
     if point.family == "decode":
         v, t = float(point.vocab), float(point.context)
         ops = cm.decode_ops(v, b, t)
         times = cm.decode_times(v, b, t, xp=PyMath)
         rows = tuple(_row(k, ops[k], times[k]) for k in ops)
-        head_ops = 1 if cm.measured_unembed is not None or s.fused_logits else 3
-        n, launch_s = _launch(cm, per_layer + head_ops)  # as CostModel.decode_step charges
-        return Prediction(rows, n, launch_s, cm.decode_step(v, b, t, xp=PyMath))
+        n, launch_s = _launch(cm, per_layer + cm.decode_head_ops())
+        calls = 1.0 / decode_steps
+        total = cm.decode_step(v, b, t, xp=PyMath)
+        return Prediction(rows, n, launch_s, total, calls, calls * dispatch)
     # ops alone: the roofline of the matching decode op (V and T only where the op reads them)
     v = float(point.vocab or 1)
     t = float(point.context or 1)
@@ -143,7 +157,7 @@ def predict(point: Point, device: DeviceProfile) -> Prediction:
     row = _row(point.family, op, cm.op_time(op, xp=PyMath))
     launches = {"backbone": per_layer, "attention": float(m.n_layers), "unembedding": 1.0}
     n, launch_s = _launch(cm, launches[point.family])
-    return Prediction((row,), n, launch_s, row.t + launch_s)
+    return Prediction((row,), n, launch_s, row.t + launch_s + dispatch, 1.0, dispatch)
 
 
 def call_flops(point: Point, prediction: Prediction, decode_steps: int) -> float:

@@ -73,6 +73,8 @@ def point_json(r: Result) -> dict[str, Any]:
         "bytes": q.bytes,
         "launches": q.launches,
         "launch_s": q.launch_s,
+        "calls": q.calls,
+        "dispatch_s": q.dispatch_s,
         "predicted_s": q.predicted_s,
         "measured_s": r.measured_s,
         "compile_s": r.compile_s,
@@ -95,6 +97,7 @@ def device_json(v: Validation) -> dict[str, Any]:
         "hbm_bandwidth": d.hbm_bandwidth,
         "ridge_point": d.ridge_point(DTYPE),
         "launch_overhead_s": d.launch_overhead_s,
+        "dispatch_overhead_s": d.dispatch_overhead_s,
         "compute_efficiency": d.compute_efficiency,
         "memory_efficiency": d.memory_efficiency,
         "measured_unembedding": bool(d.best_rows("greedy", DTYPE)),
@@ -177,7 +180,8 @@ def headline(v: Validation) -> str:
         f"validate on {v.running_on} ({v.host}), grid {v.grid.name!r}, {len(v.results)} points "
         f"({len(v.skipped)} over the FLOP cap left out); predictions from {d.name!r}: "
         f"{d.flops(DTYPE) / 1e9:.4g} GFLOP/s f32, {d.hbm_bandwidth / 1e9:.4g} GB/s, "
-        f"launch {d.launch_overhead_s * 1e6:.3g} us ({d.source})"
+        f"launch {d.launch_overhead_s * 1e6:.3g} us, dispatch {d.dispatch_overhead_s * 1e6:.3g} us "
+        f"per call ({d.source})"
     )
 
 

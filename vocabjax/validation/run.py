@@ -173,7 +173,7 @@ def validate(
     mismatch = device_mismatch(device, running)
     if mismatch:
         say(f"warning: {mismatch}")
-    priced = [(p, predict(p, device)) for p in grid.points()]
+    priced = [(p, predict(p, device, decode_steps=grid.decode_steps)) for p in grid.points()]
     kept = [(p, q) for p, q in priced if call_flops(p, q, grid.decode_steps) <= grid.max_flops]
     skipped = tuple(p for p, q in priced if call_flops(p, q, grid.decode_steps) > grid.max_flops)
     if not kept:
