@@ -20,6 +20,8 @@ TRUTH = dataclasses.replace(
     BASE,
     launch_overhead_s=9e-6,
     dispatch_overhead_s=2e-4,
+    attention_efficiency=0.3,
+    train_efficiency=0.5,
     compute_table=EfficiencyTable((1e8, 1e10, 1e12, 1e14), (0.05, 0.3, 0.7, 0.8)),
     memory_table=EfficiencyTable((1e5, 1e7, 1e9, 1e11), (0.1, 0.45, 0.8, 0.85)),
 )
@@ -36,7 +38,11 @@ def synthetic(n: int = 160, seed: int = 0) -> list[Sample]:
         flops = tuple(float(10 ** rng.uniform(8, 14)) for _ in range(k))
         nbytes = tuple(float(10 ** rng.uniform(5, 11)) for _ in range(k))
         calls = (0.0, 1.0, 0.125)[i % 3]
-        s = Sample(f"p{i}", "decode", flops, nbytes, float(rng.integers(1, 40)), 1.0, calls=calls)
+        kinds = tuple(str(rng.choice(["matmul", "matmul", "attention", "train"])) for _ in flops)
+        s = Sample(
+            f"p{i}", "decode", flops, nbytes, float(rng.integers(1, 40)), 1.0, calls=calls,
+            kinds=kinds,
+        )  # fmt: skip
         out.append(s)
     times = predict_samples(TRUTH, out, dtype="bf16")
     return [dataclasses.replace(s, measured_s=float(t)) for s, t in zip(out, times)]
@@ -62,6 +68,8 @@ def test_the_fit_recovers_synthetic_timings(fitted):
     assert fit.log_residual_sd < 0.1
     assert fit.profile.launch_overhead_s == pytest.approx(9e-6, rel=0.3)
     assert fit.profile.dispatch_overhead_s == pytest.approx(2e-4, rel=0.3)
+    assert fit.profile.attention_efficiency == pytest.approx(0.3, rel=0.2)
+    assert fit.profile.train_efficiency == pytest.approx(0.5, rel=0.2)
     cal = fit.profile.calibration
     assert cal["base_dispatch_overhead_s"] == 0.0
     assert cal["fit_points"] == len(fit.fit_keys) and cal["held_out_points"] == len(held)
@@ -83,6 +91,7 @@ def test_the_cost_model_prices_with_the_fitted_tables(fitted):
         1.0,
         kernels=tuple(float(o.kernels) for o in ops.values()),
         calls=1 / 8,
+        kinds=tuple(o.kind for o in ops.values()),
     )
     ours = predict_samples(fit.profile, [sample], dtype="bf16")[0]
     assert cm.decode_step(v, b, t, xp=PyMath) == pytest.approx(ours, rel=1e-9)
@@ -92,12 +101,17 @@ def test_the_cost_model_prices_with_the_fitted_tables(fitted):
 
 
 def test_kernel_timings_leave_the_dispatch_overhead_as_it_was():
-    """Samples charged no host call (GPU kernel timings) carry no information on dispatch: the
-    fit keeps the profile's value rather than inventing one."""
-    samples = [dataclasses.replace(s, calls=0.0) for s in synthetic(n=60)]
+    """Samples charged no host call and holding no attention or training op (GPU kernel
+    timings) carry no information on those terms: the fit keeps the profile's values rather
+    than inventing them."""
+    samples = [
+        dataclasses.replace(s, calls=0.0, kinds=("matmul",) * len(s.flops)) for s in synthetic(n=60)
+    ]
     fit = fit_profile(BASE, samples, dtype="bf16", source="kernels")
     assert fit.profile.dispatch_overhead_s == BASE.dispatch_overhead_s == 0.0
-    assert "dispatch" not in fit.profile.calibration["method"]
+    assert fit.profile.attention_efficiency == fit.profile.train_efficiency == 1.0
+    method = fit.profile.calibration["method"]
+    assert "dispatch" not in method and "attention" not in method
 
 
 def test_a_calibrated_profile_round_trips_and_sweeps(fitted, tmp_path):

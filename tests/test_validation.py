@@ -20,6 +20,7 @@ from click.testing import CliRunner
 
 import cli
 from vocabjax import render, validation
+from vocabjax.calibration import MIN_FIT_SAMPLES
 from vocabjax.errors import UserError
 from vocabjax.hardware import BUILTIN_DEVICES, DeviceProfile, save_device
 from vocabjax.shapes import BUILTIN_SHAPES, ModelShape
@@ -482,7 +483,10 @@ def test_fit_on_too_few_points_is_one_error_and_no_file(tmp_path, monkeypatch):
                     str(profile))  # fmt: skip
     assert result.exit_code == 1 and "Traceback" not in result.output
     errors = [x for x in result.output.splitlines() if x.startswith("Error:")]
-    assert len(errors) == 1 and "needs at least 12 points in the fit split" in errors[0]
+    assert (
+        len(errors) == 1
+        and f"needs at least {MIN_FIT_SAMPLES} points in the fit split" in errors[0]
+    )
     assert not profile.exists()
     bad = invoke("--grid", "test", "--save-profile", str(profile))
     assert bad.exit_code == 2 and "--save-profile needs --fit" in bad.output

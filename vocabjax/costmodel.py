@@ -79,11 +79,14 @@ class Settings:
 
 class Op(NamedTuple):
     """Work of one op: FLOPs and bytes moved to or from device memory, done by ``kernels``
-    kernels of equal size (a calibrated efficiency is read at one kernel's size)."""
+    kernels of equal size (a calibrated efficiency is read at one kernel's size). ``kind``
+    "attention" runs at the profile's attention efficiency beside the tables (its kernels are
+    not the GEMMs the tables describe)."""
 
     flops: object
     bytes: object
     kernels: float = 1.0
+    kind: str = "matmul"
 
 
 MATMULS_PER_LAYER = 4  # QKV, attention output, MLP in (up and gate fused), MLP out
@@ -209,6 +212,7 @@ class CostModel:
                 4.0 * batch * context * float(m.n_heads * m.dh) * L,
                 batch * context * float(2 * m.n_kv_heads * m.dh) * self.k * L,
                 L,
+                "attention",
             )
         return ops
 
@@ -234,6 +238,7 @@ class CostModel:
                 2.0 * batch * prompt_tokens * prompt_tokens * float(m.n_heads * m.dh) * L,
                 tokens * float(2 * m.n_kv_heads * m.dh) * self.k * L,
                 L,
+                "attention",
             )
         return ops
 
@@ -252,9 +257,16 @@ class CostModel:
             return self.bandwidth
         return self.device.hbm_bandwidth * table.at(nbytes, xp=xp)
 
+    def train_rate(self, step_flops, *, xp=jnp):
+        """Achieved FLOP/s of a training step of ``step_flops``: the compute rate times the
+        profile's training efficiency (backward, optimizer and what else a fit finds the step
+        pays beyond its matmul FLOPs)."""
+        return self.compute_rate(step_flops, xp=xp) * self.device.train_efficiency
+
     def op_time(self, op: Op, *, xp=jnp) -> OpTime:
-        t_math = op.flops / self.compute_rate(op.flops / op.kernels, xp=xp)
-        t_mem = op.bytes / self.memory_rate(op.bytes / op.kernels, xp=xp)
+        scale = self.device.kind_efficiency(op.kind)
+        t_math = op.flops / (self.compute_rate(op.flops / op.kernels, xp=xp) * scale)
+        t_mem = op.bytes / (self.memory_rate(op.bytes / op.kernels, xp=xp) * scale)
         return OpTime(t_math, t_mem, xp.maximum(t_math, t_mem))
 
     def _launches(self, n_head_ops: int) -> float:
@@ -339,7 +351,7 @@ class CostModel:
             # the model's training step is one sequence: a calibrated e_c is read at its FLOPs,
             # and its one host call is spread over its tokens
             seq = float(self.settings.train_seq_tokens)
-            t_token = per_token / self.compute_rate(per_token * seq, xp=xp)
+            t_token = per_token / self.train_rate(per_token * seq, xp=xp)
             t_token = t_token + self.device.dispatch_overhead_s / seq
         return t_token / self.beta(vocab, xp=xp)
 

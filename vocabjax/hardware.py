@@ -178,6 +178,11 @@ class DeviceProfile:
     # serving engine pays it once per call of however many steps. 0: not modelled (datasheet
     # profiles, and GPU fits on kernel timings, which never include it).
     dispatch_overhead_s: float = 0.0
+    # Fitted multipliers of the rates above for work the tables do not describe: attention
+    # kernels (a batched matrix-vector product with a mask and a softmax, not a GEMM) and a
+    # whole training step over its FLOPs (backward, optimizer). 1: priced like a matmul.
+    attention_efficiency: float = 1.0
+    train_efficiency: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.peak_flops:
@@ -198,6 +203,16 @@ class DeviceProfile:
             value = positive_number(getattr(self, field), where=f"device {self.name!r} {field}")
             if value > 1.0:
                 raise UserError(f"device {self.name!r} {field} must be <= 1, got {value}")
+        for field in KIND_FIELDS:
+            positive_number(
+                getattr(self, field),
+                where=f"device {self.name!r} {field}",
+                maximum=MAX_FITTED_EFFICIENCY,
+            )
+
+    def kind_efficiency(self, kind: str) -> float:
+        """The multiplier of the rates for an op of ``kind`` (costmodel.Op.kind)."""
+        return self.attention_efficiency if kind == "attention" else 1.0
 
     def flops(self, dtype: str = "bf16") -> float:
         """Dense peak FLOP/s for ``dtype`` (bf16 falls back to f32 on devices without it)."""
@@ -233,6 +248,8 @@ class DeviceProfile:
             "efficiency": {
                 "compute": self.compute_efficiency,
                 "memory": self.memory_efficiency,
+                "attention": self.attention_efficiency,
+                "train": self.train_efficiency,
                 **(
                     {"compute_by_flops": self.compute_table.to_json()} if self.compute_table else {}
                 ),
@@ -309,6 +326,14 @@ class DeviceProfile:
             source=text(data.get("source", where), where=f"{where}: source"),
             compute_efficiency=e_c,
             memory_efficiency=e_m,
+            **{
+                field: positive_number(
+                    efficiency.get(field.removesuffix("_efficiency"), 1.0),
+                    where=f"{where}: efficiency.{field.removesuffix('_efficiency')}",
+                    maximum=MAX_FITTED_EFFICIENCY,
+                )
+                for field in KIND_FIELDS
+            },
             measured=boolean(data.get("measured", False), where=f"{where}: measured"),
             calibration=calibration,
             **tables,
@@ -322,7 +347,8 @@ DEVICE_FIELDS = (
     "efficiency", "calibration", "kernels", "best",
 )  # fmt: skip
 TABLE_FIELDS = {"compute_table": "compute_by_flops", "memory_table": "memory_by_bytes"}
-EFFICIENCY_FIELDS = ("compute", "memory", *TABLE_FIELDS.values())
+KIND_FIELDS = ("attention_efficiency", "train_efficiency")
+EFFICIENCY_FIELDS = ("compute", "memory", "attention", "train", *TABLE_FIELDS.values())
 CEILING_FIELDS = (
     "hbm_bandwidth", "peak_flops", "ridge_point", "launch_overhead_s", "dispatch_overhead_s",
 )  # fmt: skip

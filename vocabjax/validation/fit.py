@@ -28,6 +28,7 @@ def sample(r: Result) -> Sample:
         measured_s=r.measured_s,
         fixed_s=fixed,
         kernels=tuple(o.kernels for o in ops),
+        kinds=tuple(o.kind for o in ops),
     )
 
 

@@ -61,6 +61,7 @@ class OpRow:
     t: float  # the time the cost model charges (roofline max, or a measured kernel time)
     bound: str  # "compute", "memory" or "measured" (an autotuned kernel table's time)
     kernels: float = 1.0  # Op.kernels: a calibrated efficiency is read at one kernel's size
+    kind: str = "matmul"  # Op.kind, or "train" for a training step
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -99,8 +100,9 @@ class Prediction:
 
 def _row(name: str, op: Op, t: OpTime) -> OpRow:
     return OpRow(
-        name, float(op.flops), float(op.bytes), t.t_math, t.t_mem, t.t, t.bound, float(op.kernels)
-    )
+        name, float(op.flops), float(op.bytes), t.t_math, t.t_mem, t.t, t.bound, float(op.kernels),
+        op.kind,
+    )  # fmt: skip
 
 
 def _launch(cm: CostModel, n: float) -> tuple[float, float]:
@@ -110,7 +112,7 @@ def _launch(cm: CostModel, n: float) -> tuple[float, float]:
 def train_step(cm: CostModel, vocab: int, batch: int, seq: int) -> OpRow:
     """One training step of ``batch`` windows of ``seq`` tokens, priced as ``c_train`` prices a
     training token without a training profile: ``train_flops_per_token(V) / peak`` per token
-    (a calibrated profile's e_c read at the step's FLOPs).
+    (a calibrated profile's e_c read at the step's FLOPs, times its training efficiency).
 
     It assumes what ``c_train`` assumes: the step is compute-bound at the device's (efficiency-
     scaled) matmul peak; FLOPs are 6 (N_nv + V D) per token for the forward and backward
@@ -119,8 +121,8 @@ def train_step(cm: CostModel, vocab: int, batch: int, seq: int) -> OpRow:
     kernel launches cost nothing. No bytes are modelled (``bytes`` and ``t_mem`` are None).
     """
     flops = float(batch * seq) * cm.train_flops_per_token(float(vocab))
-    t = flops / cm.compute_rate(flops, xp=PyMath)
-    return OpRow("train", flops, None, t, None, t, "compute")
+    t = flops / cm.train_rate(flops, xp=PyMath)
+    return OpRow("train", flops, None, t, None, t, "compute", kind="train")
 
 
 def predict(point: Point, device: DeviceProfile, *, decode_steps: int = 1) -> Prediction:
