@@ -1443,8 +1443,16 @@ def autotune(vocab, batch, d_model, dtype, ops, quick, out, fmt):
 @click.option(
     "--fit",
     is_flag=True,
-    help="Calibrate the profile on two thirds of the points (efficiency by op size, launch "
-    "overhead) and report the error on the held-out third before and after.",
+    help="Calibrate the profile on two thirds of the points (efficiency by op size, launch and "
+    "dispatch overheads, attention and training scales) and report the error on the points "
+    "the fit never saw, before and after.",
+)
+@click.option(
+    "--fit-on",
+    default="steps",
+    show_default=True,
+    help="With --fit: the families to fit on: steps (decode, prefill, train), ops (backbone, "
+    "attention, unembedding alone), all, or a comma list of families.",
 )
 @click.option(
     "--save-profile",
@@ -1456,7 +1464,7 @@ def autotune(vocab, batch, d_model, dtype, ops, quick, out, fmt):
     "--plot", type=OutputFile(figure=True), help="Write predicted against measured (.png)."
 )
 @format_option
-def validate(device, quick, grid_name, fit, save_profile, out, plot, fmt):
+def validate(device, quick, grid_name, fit, fit_on, save_profile, out, plot, fmt):
     """Time this project's GPT, serving engine and training step on this machine beside the
     cost model's prediction for each point: decode and prefill steps, training steps, and the
     backbone, attention and unembedding ops alone, over shapes, V, B and context lengths.
@@ -1471,18 +1479,20 @@ def validate(device, quick, grid_name, fit, save_profile, out, plot, fmt):
     """
     from vocabjax import validation
     from vocabjax.hardware import save_device
-    from vocabjax.validation.fit import calibrate
+    from vocabjax.validation.fit import calibrate, fit_families
 
     if quick and grid_name not in (None, "quick"):
         raise click.UsageError(f"--quick and --grid {grid_name} clash: give one")
     if save_profile and not fit:
         raise click.UsageError("--save-profile needs --fit")
+    families = fit_families(fit_on)
     name = grid_name or ("quick" if quick else "full")
     result = validation.validate(device, name, progress=log)
     calibrated = None
     if fit:
-        log(f"validate: fitting {result.device.name}'s efficiency on {len(result.results)} points")
-        calibrated = calibrate(result)
+        n = sum(r.point.family in families for r in result.results)
+        log(f"validate: fitting {result.device.name}'s efficiency on {n} points of {fit_on}")
+        calibrated = calibrate(result, families)
         if save_profile:
             save_device(calibrated.fit.profile, save_profile)
             log(f"wrote {save_profile}")

@@ -26,7 +26,7 @@ from vocabjax.hardware import BUILTIN_DEVICES, DeviceProfile, save_device
 from vocabjax.shapes import BUILTIN_SHAPES, ModelShape
 from vocabjax.validation import FAMILIES, Grid, Point, get_grid, predict
 from vocabjax.validation import run as validation_run
-from vocabjax.validation.grid import W512_GQA
+from vocabjax.validation.grid import OP_FAMILIES, STEP_FAMILIES, W512_GQA
 
 PEAK, BANDWIDTH, LAUNCH = 1.0e11, 2.0e10, 1.0e-5  # a CPU-like profile: ridge 5 FLOP/byte
 CPU_PROFILE = DeviceProfile(
@@ -114,7 +114,7 @@ def test_json_has_every_family_with_finite_positive_figures(real_run):
 def test_summary_equals_a_recomputation_from_the_points(real_run):
     _, doc, _, _ = real_run
     before = doc["summary"]["before"]
-    assert set(before) == SUMMARY_KEYS | {"by_family", "by_bound"}
+    assert set(before) == SUMMARY_KEYS | {"by_kind", "by_family", "by_bound"}
 
     def check(summary, points):
         errors = [abs(p["error_pct"]) for p in points]
@@ -128,6 +128,9 @@ def test_summary_equals_a_recomputation_from_the_points(real_run):
         check(s, [p for p in doc["points"] if p["family"] == family])
     for bound, s in before["by_bound"].items():
         check(s, [p for p in doc["points"] if p["bound"] == bound])
+    assert set(before["by_kind"]) == {"step", "op"}
+    for kind, s in before["by_kind"].items():
+        check(s, [p for p in doc["points"] if p["kind"] == kind])
 
 
 def test_out_is_the_printed_json_written_whole(real_run):
@@ -433,8 +436,9 @@ def test_render_module_formats_every_row(real_run):
 
 
 def test_fit_recovers_a_machine_and_prices_as_the_fit_does(monkeypatch, tmp_path):
-    """Timings made by a known 'machine' (efficiency tables and a launch overhead): the fit
-    on the quick grid's points finds it, and the re-priced held-out points match."""
+    """Timings made by a known 'machine' (efficiency tables, launch and dispatch overheads,
+    attention and training scales): the fit on the quick grid's points finds it, and the
+    re-priced held-out points match."""
     import dataclasses
 
     from vocabjax.calibration import predict_samples
@@ -444,21 +448,37 @@ def test_fit_recovers_a_machine_and_prices_as_the_fit_does(monkeypatch, tmp_path
     truth = dataclasses.replace(
         CPU_PROFILE,
         launch_overhead_s=2e-5,
+        dispatch_overhead_s=3e-4,
+        attention_efficiency=0.2,
+        train_efficiency=0.4,
         compute_table=EfficiencyTable((1e5, 1e7, 1e9, 1e11), (0.05, 0.2, 0.5, 0.7)),
         memory_table=EfficiencyTable((1e4, 1e6, 1e8, 1e10), (3.0, 1.5, 0.8, 0.6)),
     )
 
     def machine(shape, points, grid, **kw):
-        return [(predict(p, truth).predicted_s, 0.1) for p in points]
+        return [
+            (predict(p, truth, decode_steps=grid.decode_steps).predicted_s, 0.1) for p in points
+        ]
 
     monkeypatch.setattr(validation_run, "measure_group", machine)
     v = validation.validate(CPU_PROFILE, "quick")
-    cal = calibrate(v)
+    cal = calibrate(v, FAMILIES)
     held = cal.held_out(cal.after)
     assert len(held) >= 10 and len(cal.fit.fit_keys) >= 12
     before = validation.summary(cal.held_out(v.results))["median_abs_error_pct"]
     after = validation.summary(held)["median_abs_error_pct"]
     assert before > 30 and after < 10, (before, after)
+    fitted = cal.fit.profile
+    assert fitted.dispatch_overhead_s == pytest.approx(3e-4, rel=0.3)
+    assert fitted.attention_efficiency == pytest.approx(0.2, rel=0.3)
+    assert fitted.train_efficiency == pytest.approx(0.4, rel=0.3)
+    # by default only the steps are fitted: every op point is then one the fit never saw
+    steps_only = calibrate(v)
+    assert steps_only.fit.profile.calibration["fitted_families"] == list(STEP_FAMILIES)
+    unseen = steps_only.held_out(steps_only.after)
+    assert {r.point.family for r in unseen} >= set(OP_FAMILIES)
+    held_steps = [r for r in unseen if r.point.family in STEP_FAMILIES]
+    assert validation.summary(held_steps)["median_abs_error_pct"] < 10
     # the cost model and the fit price every point alike
     priced = predict_samples(cal.fit.profile, [sample(r) for r in v.results], dtype="f32")
     for r, ours in zip(cal.after, priced):
@@ -490,3 +510,10 @@ def test_fit_on_too_few_points_is_one_error_and_no_file(tmp_path, monkeypatch):
     assert not profile.exists()
     bad = invoke("--grid", "test", "--save-profile", str(profile))
     assert bad.exit_code == 2 and "--save-profile needs --fit" in bad.output
+
+
+def test_fit_on_an_unknown_family_is_one_error_before_any_work():
+    result = invoke("--grid", "test", "--fit", "--fit-on", "decode,nope")
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "Error: --fit-on 'nope' is not one of steps, ops, all, decode" in result.output
+    assert "validate [" not in result.output  # nothing was timed

@@ -8,7 +8,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from vocabjax.calibration import Fit, Sample, fit_profile, is_held_out
+from vocabjax.calibration import Fit, Sample, fit_profile
+from vocabjax.errors import UserError
+from vocabjax.validation.grid import FAMILIES, OP_FAMILIES, STEP_FAMILIES
 from vocabjax.validation.prediction import DTYPE, predict
 from vocabjax.validation.run import Result, Validation
 
@@ -32,6 +34,24 @@ def sample(r: Result) -> Sample:
     )
 
 
+FIT_ON: dict[str, tuple[str, ...]] = {
+    "steps": STEP_FAMILIES,
+    "ops": OP_FAMILIES,
+    "all": FAMILIES,
+    **{family: (family,) for family in FAMILIES},
+}
+
+
+def fit_families(spec: str) -> tuple[str, ...]:
+    """``"steps"``, ``"ops"``, ``"all"`` or a comma list of families -> the families to fit on."""
+    out: list[str] = []
+    for part in (x.strip() for x in spec.split(",")):
+        if part not in FIT_ON:
+            raise UserError(f"--fit-on {part!r} is not one of {', '.join(FIT_ON)}")
+        out += [f for f in FIT_ON[part] if f not in out]
+    return tuple(out)
+
+
 @dataclasses.dataclass(frozen=True)
 class Calibrated:
     """The fit of a validation run and its points re-priced by the calibrated profile."""
@@ -39,14 +59,29 @@ class Calibrated:
     fit: Fit
     after: tuple[Result, ...]  # every point, priced by fit.profile
 
+    def is_held_out(self, r: Result) -> bool:
+        """Never seen by the fit: in the held-out third, or of a family it was not fitted on."""
+        return r.point.label() not in self.fit.fit_keys
+
     def held_out(self, results: Sequence[Result]) -> list[Result]:
-        return [r for r in results if is_held_out(r.point.label())]
+        return [r for r in results if self.is_held_out(r)]
 
 
-def calibrate(v: Validation) -> Calibrated:
-    """Fit ``v.device``'s efficiency tables and launch overhead on the fit split of ``v``."""
-    source = f"validate --grid {v.grid.name} on {v.running_on} ({v.host}), {v.date}"
-    fit = fit_profile(v.device, [sample(r) for r in v.results], dtype=DTYPE, source=source)
+def calibrate(v: Validation, families: Sequence[str] = STEP_FAMILIES) -> Calibrated:
+    """Fit ``v.device``'s efficiency tables and overheads on the fit split of the points of
+    ``families`` (by default the steps: decode, prefill, train, the times the simulator's
+    answers are made of; an op called alone runs colder than inside a step, see
+    docs/validation.md)."""
+    source = (
+        f"validate --grid {v.grid.name} on {v.running_on} ({v.host}), {v.date}; "
+        f"fitted on {', '.join(families)}"
+    )
+    chosen = [sample(r) for r in v.results if r.point.family in families]
+    if not chosen:
+        raise UserError(f"no points of {', '.join(families)} in grid {v.grid.name!r} to fit on")
+    fit = fit_profile(v.device, chosen, dtype=DTYPE, source=source)
+    record = {**(fit.profile.calibration or {}), "fitted_families": list(families)}
+    fit = dataclasses.replace(fit, profile=dataclasses.replace(fit.profile, calibration=record))
     steps = v.grid.decode_steps
     after = tuple(
         Result(

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from vocabjax import plots
-from vocabjax.calibration import is_held_out
 from vocabjax.profiles import SCHEMA
 from vocabjax.validation.fit import Calibrated
 from vocabjax.validation.grid import FAMILIES
@@ -44,9 +43,15 @@ def errors_summary(results: Iterable[Result]) -> dict[str, Any]:
 
 
 def summary(results: Sequence[Result]) -> dict[str, Any]:
-    """The error over all points, per family and per bound (families and bounds with no
-    point are left out)."""
+    """The error over all points, per kind (step or op), per family and per bound (groups with
+    no point are left out)."""
+    results = list(results)
     out = errors_summary(results)
+    out["by_kind"] = {
+        k: errors_summary(r for r in results if r.point.kind == k)
+        for k in ("step", "op")
+        if any(r.point.kind == k for r in results)
+    }
     out["by_family"] = {
         f: errors_summary(r for r in results if r.point.family == f)
         for f in FAMILIES
@@ -149,7 +154,7 @@ def document(
     }
     if calibrated is not None:
         for p, after in zip(doc["points"], calibrated.after, strict=True):
-            p["held_out"] = is_held_out(after.point.label())
+            p["held_out"] = calibrated.is_held_out(after)
             p["predicted_after_s"] = after.prediction.predicted_s
             p["error_after_pct"] = after.error_pct
         doc["summary"]["before_held_out"] = summary(calibrated.held_out(v.results))
@@ -168,6 +173,7 @@ def summary_rows(v: Validation, results: Sequence[Result] | None = None) -> list
     the run's)."""
     s = summary(v.results if results is None else results)
     rows = [{"group": f"family {f}", **x} for f, x in s["by_family"].items()]
+    rows += [{"group": f"{k}s", **x} for k, x in s["by_kind"].items()]
     rows += [{"group": f"bound {b}", **x} for b, x in s["by_bound"].items()]
     rows.append({"group": "all", **{k: s[k] for k in ("n", "median_abs_error_pct",
                                                       "max_abs_error_pct")}})  # fmt: skip
