@@ -54,8 +54,10 @@ def test_hand_checked_decode_cost():
     expected = step / (B * beta)
     assert cm.c_infer(V, B, xp=PyMath) == pytest.approx(expected, rel=1e-12)
     assert float(cm.c_infer(jnp.float32(V), jnp.float32(B))) == pytest.approx(expected, rel=1e-5)
-    # training: 6 (N_nv + V D) + 6 L T_train H Dh FLOPs per token at peak, per byte
-    c_train = (6 * (n_nv + V * D) + 6 * L * 2048 * 4 * 16) / P / beta
+    # training: 6 (N_nv + V D) + 6 L T_train H Dh FLOPs per token at peak, and AdamW's f32
+    # pass over every parameter (32 bytes each) once per 2^20-token step, per byte
+    optimizer = 32 * (n_nv + 2 * V * D) / BW / 2**20
+    c_train = ((6 * (n_nv + V * D) + 6 * L * 2048 * 4 * 16) / P + optimizer) / beta
     assert cm.c_train(V, xp=PyMath) == pytest.approx(c_train, rel=1e-12)
     # KV plan: ((S_in + S_out) / beta) 2 L K Dh k bytes per sequence
     kv = (600 / beta) * 2 * 2 * 2 * 16 * 2

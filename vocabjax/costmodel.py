@@ -37,7 +37,7 @@ ELEMENTWISE_FLOPS = 4  # scale, subtract max, exp, accumulate: per logit when sa
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """How the model is served and trained; every field has a CLI flag of the same name."""
+    """How the model is served and trained (the CLI's cost options set the first fields)."""
 
     prompt_bytes: float = 4096.0  # S_in, bytes of prompt per sequence
     output_bytes: float = 1024.0  # S_out, bytes generated per sequence
@@ -49,6 +49,7 @@ class Settings:
     include_prefill: bool = False  # charge each sequence's prompt prefill to its output bytes
     launches_per_layer: int = 8  # kernel launches per layer per step (norms, matmuls, attention)
     train_seq_tokens: int = 2048  # training context length, tokens
+    train_batch_tokens: int = 2**20  # tokens per optimizer step (a 1M-token batch)
     steps_per_call: int = 1  # decode steps per host call (an on-device loop runs several)
 
     def __post_init__(self) -> None:
@@ -67,8 +68,10 @@ class Settings:
                 raise UserError(
                     f"{name} {getattr(self, name)!r} is not one of {', '.join(BYTES_PER_ELEMENT)}"
                 )
-        if self.train_seq_tokens <= 0 or self.launches_per_layer < 0:
-            raise UserError("train_seq_tokens must be > 0 and launches_per_layer >= 0")
+        if self.train_seq_tokens <= 0 or self.train_batch_tokens <= 0:
+            raise UserError("train_seq_tokens and train_batch_tokens must be > 0")
+        if self.launches_per_layer < 0:
+            raise UserError("launches_per_layer must be >= 0")
         if self.steps_per_call < 1:
             raise UserError(f"steps_per_call must be >= 1, got {self.steps_per_call}")
 
@@ -90,6 +93,9 @@ class Op(NamedTuple):
 
 
 MATMULS_PER_LAYER = 4  # QKV, attention output, MLP in (up and gate fused), MLP out
+# AdamW's pass over one parameter, all f32: the backward writes its gradient; the update reads
+# the weight, the gradient and both moments and writes the weight and both moments: 8 x 4 bytes.
+OPTIMIZER_BYTES_PER_PARAM = 32.0
 PREFILL_HEAD_OPS = 2  # launches of the prefill's head: the last token's logits and their max
 
 
@@ -257,12 +263,6 @@ class CostModel:
             return self.bandwidth
         return self.device.hbm_bandwidth * table.at(nbytes, xp=xp)
 
-    def train_rate(self, step_flops, *, xp=jnp):
-        """Achieved FLOP/s of a training step of ``step_flops``: the compute rate times the
-        profile's training efficiency (backward, optimizer and what else a fit finds the step
-        pays beyond its matmul FLOPs)."""
-        return self.compute_rate(step_flops, xp=xp) * self.device.train_efficiency
-
     def op_time(self, op: Op, *, xp=jnp) -> OpTime:
         scale = self.device.kind_efficiency(op.kind)
         t_math = op.flops / (self.compute_rate(op.flops / op.kernels, xp=xp) * scale)
@@ -340,19 +340,30 @@ class CostModel:
             )
         return flops
 
+    def train_ops(self, vocab, tokens) -> dict[str, Op]:
+        """One optimizer step over ``tokens`` tokens: the forward and backward FLOPs
+        (``train_flops_per_token``, kind "train": compute only) and the optimizer's pass over
+        every parameter (memory only: ``OPTIMIZER_BYTES_PER_PARAM`` bytes each)."""
+        params = float(self.shape.n_nonembedding) + 2.0 * vocab * float(self.shape.d_model)
+        return {
+            "train": Op(tokens * self.train_flops_per_token(vocab), 0.0 * vocab, kind="train"),
+            "optimizer": Op(0.0 * vocab, OPTIMIZER_BYTES_PER_PARAM * params),
+        }
+
+    def train_step(self, vocab, tokens, *, xp=jnp):
+        """Seconds for one optimizer step over ``tokens`` tokens: its ops plus one host call."""
+        ops = self.train_ops(vocab, tokens).values()
+        return sum(self.op_time(op, xp=xp).t for op in ops) + self.device.dispatch_overhead_s
+
     def c_train(self, vocab, *, xp=jnp):
-        """Seconds per training byte: measured s/token when a training profile has it, else
-        the compute roofline of the training FLOPs (plus a step's host call over its tokens);
-        divided by beta(V)."""
+        """Seconds per training byte: measured s/token when a training profile has it, else one
+        optimizer step of ``train_batch_tokens`` (``train_step``) over its tokens; divided by
+        beta(V)."""
         if self.training is not None:
             t_token = self.training.seconds_per_token(vocab, xp=xp)
         else:
-            per_token = self.train_flops_per_token(vocab)
-            # the model's training step is one sequence: a calibrated e_c is read at its FLOPs,
-            # and its one host call is spread over its tokens
-            seq = float(self.settings.train_seq_tokens)
-            t_token = per_token / self.train_rate(per_token * seq, xp=xp)
-            t_token = t_token + self.device.dispatch_overhead_s / seq
+            tokens = float(self.settings.train_batch_tokens)
+            t_token = self.train_step(vocab, tokens, xp=xp) / tokens
         return t_token / self.beta(vocab, xp=xp)
 
     # ---- memory ------------------------------------------------------------------------------

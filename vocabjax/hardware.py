@@ -179,8 +179,8 @@ class DeviceProfile:
     # profiles, and GPU fits on kernel timings, which never include it).
     dispatch_overhead_s: float = 0.0
     # Fitted multipliers of the rates above for work the tables do not describe: attention
-    # kernels (a batched matrix-vector product with a mask and a softmax, not a GEMM) and a
-    # whole training step over its FLOPs (backward, optimizer). 1: priced like a matmul.
+    # kernels (a batched matrix-vector product with a mask and a softmax, not a GEMM) and the
+    # forward and backward of a training step over its FLOPs. 1: priced like a matmul.
     attention_efficiency: float = 1.0
     train_efficiency: float = 1.0
 
@@ -212,7 +212,9 @@ class DeviceProfile:
 
     def kind_efficiency(self, kind: str) -> float:
         """The multiplier of the rates for an op of ``kind`` (costmodel.Op.kind)."""
-        return self.attention_efficiency if kind == "attention" else 1.0
+        return {"attention": self.attention_efficiency, "train": self.train_efficiency}.get(
+            kind, 1.0
+        )
 
     def flops(self, dtype: str = "bf16") -> float:
         """Dense peak FLOP/s for ``dtype`` (bf16 falls back to f32 on devices without it)."""

@@ -11,8 +11,8 @@ CPU) and the ``full`` cost mode. Per family:
                  position (masked), so T is the cache length.
     prefill      CostModel.prefill_time(V, B, T): T prompt tokens per row, logits for the last,
                  one host call.
-    train        see :func:`train_step`: compute only, as ``c_train`` prices training, and one
-                 host call.
+    train        see :func:`train_rows`: compute for the FLOPs, memory for the optimizer's pass,
+                 as ``c_train`` prices a step, and one host call.
     backbone     op_time(decode_ops["backbone"]) + L launches_per_layer launches (the layers'
                  own launches in a decode step) + 1 host call.
     attention    op_time(decode_ops(T)["attention"]) + L launches (one attention per layer)
@@ -109,20 +109,15 @@ def _launch(cm: CostModel, n: float) -> tuple[float, float]:
     return n, n * cm.device.launch_overhead_s
 
 
-def train_step(cm: CostModel, vocab: int, batch: int, seq: int) -> OpRow:
-    """One training step of ``batch`` windows of ``seq`` tokens, priced as ``c_train`` prices a
-    training token without a training profile: ``train_flops_per_token(V) / peak`` per token
-    (a calibrated profile's e_c read at the step's FLOPs, times its training efficiency).
-
-    It assumes what ``c_train`` assumes: the step is compute-bound at the device's (efficiency-
-    scaled) matmul peak; FLOPs are 6 (N_nv + V D) per token for the forward and backward
-    matmuls plus 6 L T H Dh for attention (Kaplan et al. 2020, without the causal halving);
-    the AdamW update, norms, softmax, the weights' and optimizer state's memory traffic and
-    kernel launches cost nothing. No bytes are modelled (``bytes`` and ``t_mem`` are None).
-    """
-    flops = float(batch * seq) * cm.train_flops_per_token(float(vocab))
-    t = flops / cm.train_rate(flops, xp=PyMath)
-    return OpRow("train", flops, None, t, None, t, "compute", kind="train")
+def train_rows(cm: CostModel, vocab: int, batch: int, seq: int) -> tuple[OpRow, ...]:
+    """One training step of ``batch`` windows of ``seq`` tokens, priced as ``c_train`` prices
+    an optimizer step (``CostModel.train_ops``): the forward and backward FLOPs, 6 (N_nv + V D)
+    per token for the matmuls plus 6 L T H Dh for attention (Kaplan et al. 2020, without the
+    causal halving), at the compute rate times the training efficiency; and AdamW's f32 pass
+    over every parameter at the memory rate. Norms, softmax, activations' traffic and kernel
+    launches are not modelled."""
+    ops = cm.train_ops(float(vocab), float(batch * seq))
+    return tuple(_row(k, op, cm.op_time(op, xp=PyMath)) for k, op in ops.items())
 
 
 def predict(point: Point, device: DeviceProfile, *, decode_steps: int = 1) -> Prediction:
@@ -134,8 +129,9 @@ def predict(point: Point, device: DeviceProfile, *, decode_steps: int = 1) -> Pr
     per_layer = float(m.n_layers * s.launches_per_layer)
     dispatch = device.dispatch_overhead_s
     if point.family == "train":
-        row = train_step(cm, point.vocab, point.batch, point.context)
-        return Prediction((row,), 0.0, 0.0, row.t + dispatch, 1.0, dispatch)
+        rows = train_rows(cm, point.vocab, point.batch, point.context)
+        total = cm.train_step(float(point.vocab), float(point.batch * point.context), xp=PyMath)
+        return Prediction(rows, 0.0, 0.0, total, 1.0, dispatch)
     if point.family == "prefill":
         v, t = float(point.vocab), float(point.context)
         ops = cm.prefill_ops(v, b, t)
