@@ -1502,7 +1502,7 @@ def validate(device, quick, grid_name, fit, fit_on, save_profile, out, plot, fmt
         atomic_write_json(out, doc)
         log(f"wrote {out}")
     if plot:
-        validation.plot(result, plot, caption=command)
+        validation.plot(result, plot, caption=command, calibrated=calibrated)
         log(f"wrote {plot}")
     if fmt == "json":
         emit(render.json_text(doc))

@@ -485,9 +485,11 @@ def test_fit_recovers_a_machine_and_prices_as_the_fit_does(monkeypatch, tmp_path
         assert r.prediction.predicted_s == pytest.approx(ours, rel=1e-9), r.point.label()
     # the command line writes the calibrated profile, which sweep then reads
     profile, out = tmp_path / "cal.json", tmp_path / "v.json"
+    figure = tmp_path / "v.png"
     result = invoke("--quick", "--device", "a100-80gb", "--fit", "--save-profile", str(profile),
-                    "--out", str(out))  # fmt: skip
+                    "--out", str(out), "--plot", str(figure))  # fmt: skip
     assert result.exit_code == 0, result.output
+    assert figure.stat().st_size > 0  # two panels: before, and the points the fit never saw
     doc = json.loads(out.read_text())
     assert set(doc["summary"]) == {"before", "before_held_out", "after"}
     assert doc["summary"]["after"]["n"] == sum(p["held_out"] for p in doc["points"])

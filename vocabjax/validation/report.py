@@ -196,16 +196,12 @@ _MARKERS = {"decode": "o", "prefill": "s", "train": "D", "backbone": "^", "atten
 _COLOURS = {"compute": "C3", "memory": "C0", "launch": "C2"}
 
 
-def plot(v: Validation, path: str | os.PathLike, *, caption: str = "") -> Path:
-    """Predicted against measured seconds, log-log, the y = x line; colour: the bound the model
-    says holds, marker: the family."""
-    plots.check_plot_path(path)  # matplotlib present, the target writable
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.5, 6.5))
+def _scatter(ax, results: Sequence[Result], *, title: str, xlabel: str, ylabel: str) -> None:
+    """One panel: predicted against measured, log-log, y = x; colour the bound, marker the
+    family."""
     for family in FAMILIES:
         for bound in BOUNDS:
-            pts = [r for r in v.results if r.point.family == family and r.prediction.bound == bound]
+            pts = [r for r in results if r.point.family == family and r.prediction.bound == bound]
             if pts:
                 ax.scatter(
                     [r.measured_s for r in pts],
@@ -216,25 +212,58 @@ def plot(v: Validation, path: str | os.PathLike, *, caption: str = "") -> Path:
                     alpha=0.8,
                     label=f"{family}, {bound}-bound",
                 )
-    values = [x for r in v.results for x in (r.measured_s, r.prediction.predicted_s) if x > 0]
+    values = [x for r in results for x in (r.measured_s, r.prediction.predicted_s) if x > 0]
     lo, hi = min(values) / 2, max(values) * 2
     ax.plot([lo, hi], [lo, hi], color="0.3", lw=1, ls="--", label="y = x")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
-    ax.set_xlabel(f"measured seconds on {v.running_on}")
-    ax.set_ylabel(f"predicted seconds ({v.device.name})")
-    s = summary(v.results)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    s = summary(results)
     med = s["median_abs_error_pct"]
-    ax.set_title(
-        f"cost model against this machine: median |error| {med:.0f}%, "
-        f"worst {s['max_abs_error_pct']:.0f}%"
-        if med is not None and math.isfinite(med)
-        else "cost model against this machine"
-    )
+    if med is not None and math.isfinite(med):
+        steps = s["by_kind"].get("step")
+        step_note = f"; steps {steps['median_abs_error_pct']:.0f}%" if steps else ""
+        title += f"\nmedian |error| {med:.0f}%, worst {s['max_abs_error_pct']:.0f}%{step_note}"
+    ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="upper left")
+
+
+def plot(
+    v: Validation,
+    path: str | os.PathLike,
+    *,
+    caption: str = "",
+    calibrated: Calibrated | None = None,
+) -> Path:
+    """Predicted against measured seconds, log-log, the y = x line; colour: the bound the model
+    says holds, marker: the family. With ``calibrated`` a second panel shows the points the fit
+    never saw, priced by the calibrated profile."""
+    plots.check_plot_path(path)  # matplotlib present, the target writable
+    import matplotlib.pyplot as plt
+
+    panels = 1 if calibrated is None else 2
+    fig, axes = plt.subplots(1, panels, figsize=(7.5 * panels, 6.5), squeeze=False)
+    xlabel = f"measured seconds on {v.running_on}"
+    _scatter(
+        axes[0][0],
+        v.results,
+        title=f"{v.device.name}, all {len(v.results)} points",
+        xlabel=xlabel,
+        ylabel=f"predicted seconds ({v.device.name})",
+    )
+    if calibrated is not None:
+        held = calibrated.held_out(calibrated.after)
+        _scatter(
+            axes[0][1],
+            held,
+            title=f"calibrated, the {len(held)} points the fit never saw",
+            xlabel=xlabel,
+            ylabel="predicted seconds (calibrated profile)",
+        )
     if caption:
         fig.text(0.01, -0.01, caption, fontsize=8, family="monospace")
     fig.tight_layout()
