@@ -26,7 +26,7 @@ from _common import ROOT, write_doc
 
 from vocabjax.calibration import Sample, fit_profile, predict_samples
 from vocabjax.costmodel import CostModel, Settings
-from vocabjax.hardware import BUILTIN_DEVICES
+from vocabjax.hardware import BUILTIN_DEVICES, DATASHEET
 from vocabjax.outputs import atomic_write_text
 from vocabjax.shapes import ModelShape
 from vocabjax.xp import PyMath
@@ -119,7 +119,7 @@ def end_to_end(profiles) -> list[str]:
     ]
     for name, rows in NEMO_LATENCY_MS.items():
         for batch, ms in rows.items():
-            a = request_time(BUILTIN_DEVICES[name], batch) * 1e3
+            a = request_time(BUILTIN_DEVICES[name + DATASHEET], batch) * 1e3
             b = request_time(profiles[name], batch) * 1e3
             lines.append(
                 f"| {name} | {batch} | {ms:.1f} | {a:.1f} | {100 * (a - ms) / ms:+.0f}% | "
@@ -140,7 +140,7 @@ def main() -> None:
         "|---|---|---|---|---|---|---|",
     ]
     for name, file in FILES.items():
-        base = BUILTIN_DEVICES[name]
+        base = BUILTIN_DEVICES[name + DATASHEET]
         samples, source = read(ROOT / "sims" / "data" / file)
         fit = fit_profile(base, samples, dtype="bf16", source=source)
         held = [s for s in samples if s.key in set(fit.held_keys)]
@@ -177,8 +177,9 @@ def main() -> None:
     report += [
         "",
         "The tables (e_c by one kernel's FLOPs, e_m by its bytes) are in",
-        "`vocabjax/gpu_calibrations.py`; `--device a100-80gb-calibrated` and",
-        "`--device h100-sxm-calibrated` use them. The datasheet profiles keep their names.",
+        "`vocabjax/gpu_calibrations.py`; the builtin `a100-80gb` and `h100-sxm` profiles",
+        "(the default device is `a100-80gb`) use them, and `a100-80gb-datasheet` and",
+        "`h100-sxm-datasheet` are the datasheet ceilings at efficiency 1 beside them.",
     ]
     write_doc("gpu_calibration.md", "GPU profiles calibrated on published per-op timings",
               "\n".join(report))  # fmt: skip

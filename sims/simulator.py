@@ -151,8 +151,10 @@ def main() -> None:
     s = Settings()
     default_figure()
     inf_md, _ = inference_optimal()
-    body = f"""Every number below is computed by `vocabjax` from builtin datasheet profiles
-(`vocabjax/hardware.py`), builtin shapes (`vocabjax/shapes.py`) and the default compression curve
+    body = f"""Every number below is computed by `vocabjax` from builtin device profiles
+(`vocabjax/hardware.py`: datasheet ceilings at efficiency 1, except `a100-80gb` and `h100-sxm`,
+calibrated on published per-op kernel timings as docs/gpu_calibration.md says, with their
+datasheet ceilings beside them as `a100-80gb-datasheet` and `h100-sxm-datasheet`), builtin shapes (`vocabjax/shapes.py`) and the default compression curve
 (Tao et al. 2024, SlimPajama); serving settings: prompt {s.prompt_bytes:g} bytes, output
 {s.output_bytes:g} bytes, bf16 weights and KV cache, unfused logits. `weights-only` drops attention
 and KV-cache terms (the simplification under which the paper's claims compare); `full` keeps them.

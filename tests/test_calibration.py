@@ -15,7 +15,7 @@ from vocabjax.hardware import DeviceProfile, EfficiencyTable, load_device
 from vocabjax.shapes import load_shape
 from vocabjax.xp import PyMath
 
-BASE = dataclasses.replace(load_device("a100-80gb"), launch_overhead_s=4e-6)
+BASE = dataclasses.replace(load_device("a100-80gb-datasheet"), launch_overhead_s=4e-6)
 TRUTH = dataclasses.replace(
     BASE,
     launch_overhead_s=9e-6,
@@ -126,7 +126,7 @@ def test_a_calibrated_profile_round_trips_and_sweeps(fitted, tmp_path):
     assert back == fit.profile and back.calibrated
     args = ["sweep", "--vocab", "8k,32k", "--batch", "1,64", "--lam", "0,100", "--format", "json"]
     a = CliRunner().invoke(cli.main, [*args, "--device", str(path)])
-    b = CliRunner().invoke(cli.main, [*args, "--device", "a100-80gb"])
+    b = CliRunner().invoke(cli.main, [*args, "--device", "a100-80gb-datasheet"])
     assert a.exit_code == 0 and b.exit_code == 0, a.output + b.output
     assert a.stdout != b.stdout  # the tables change the costs
 
@@ -163,8 +163,11 @@ def test_bad_tables_are_one_error(table, message):
 
 def test_the_builtin_calibrated_gpu_profiles():
     for name in ("a100-80gb", "h100-sxm"):
-        cal, sheet = load_device(f"{name}-calibrated"), load_device(name)
+        cal, sheet = load_device(name), load_device(f"{name}-datasheet")
         assert cal.calibrated and not sheet.calibrated
+        assert cal.name == name and sheet.name == f"{name}-datasheet"
+        assert (sheet.compute_efficiency, sheet.memory_efficiency) == (1.0, 1.0)
+        assert sheet.compute_table is None and sheet.memory_table is None
         assert cal.peak_flops == sheet.peak_flops and cal.hbm_bandwidth == sheet.hbm_bandwidth
         assert "vidur" in cal.calibration["source"] and "vidur" in cal.source
         err = cal.calibration["held_out_median_abs_error_pct"]
@@ -186,7 +189,7 @@ def test_the_committed_gpu_tables_are_what_the_fit_gives(monkeypatch):
     spec.loader.exec_module(script)
     for name, file in script.FILES.items():
         samples, source = script.read(path.parent / "data" / file)
-        fit = fit_profile(load_device(name), samples, dtype="bf16", source=source)
+        fit = fit_profile(load_device(f"{name}-datasheet"), samples, dtype="bf16", source=source)
         committed = GPU_CALIBRATIONS[name]
         for key, table in (("compute_by_flops", fit.profile.compute_table),
                            ("memory_by_bytes", fit.profile.memory_table)):  # fmt: skip

@@ -29,7 +29,9 @@ def test_writes_a_profile_and_prints_json(tmp_path):
         "peak_flops",
         "ridge_point",
         "launch_overhead_s",
+        "dispatch_overhead_s",
     }
+    assert data["ceilings"]["dispatch_overhead_s"] == 0.0  # measured by validate --fit only
     assert {(r["vocab"], r["batch"]) for r in data["best"]} == {
         (1000, 1),
         (1000, 5),

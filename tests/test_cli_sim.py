@@ -195,9 +195,9 @@ def test_a_plot_where_no_batch_fits(tmp_path):
         (
             ["--device", "tpu9"],
             1,
-            "Error: unknown device 'tpu9' (builtin: a10g, a100-40gb, "
-            "a100-80gb, a100-paper, h100-sxm, h200, l4, a100-80gb-calibrated, "
-            "h100-sxm-calibrated; or a profile .json)",
+            "Error: unknown device 'tpu9' (builtin: a10g, a100-40gb, a100-80gb, "
+            "a100-80gb-datasheet, a100-paper, h100-sxm, h100-sxm-datasheet, h200, l4; or a "
+            "profile .json)",
         ),
         (
             ["--model", "gpt5"],

@@ -441,6 +441,10 @@ BUILTIN_DEVICES: Mapping[str, DeviceProfile] = {
 }
 
 
+CALIBRATED_GPUS = ("a100-80gb", "h100-sxm")
+DATASHEET = "-datasheet"  # the name suffix of a calibrated GPU's datasheet profile
+
+
 def _calibrated(name: str) -> DeviceProfile:
     """The datasheet profile ``name`` with the efficiency tables vocabjax/gpu_calibrations.py
     holds (fitted by sims/calibrate_gpu.py on published per-op kernel timings)."""
@@ -450,7 +454,6 @@ def _calibrated(name: str) -> DeviceProfile:
     base = BUILTIN_DEVICES[name]
     return dataclasses.replace(
         base,
-        name=f"{name}-calibrated",
         launch_overhead_s=entry["launch_overhead_s"],
         compute_table=EfficiencyTable.from_json(entry["compute_by_flops"], where=name),
         memory_table=EfficiencyTable.from_json(entry["memory_by_bytes"], where=name),
@@ -459,10 +462,20 @@ def _calibrated(name: str) -> DeviceProfile:
     )
 
 
-BUILTIN_DEVICES = {
-    **BUILTIN_DEVICES,
-    **{p.name: p for p in (_calibrated("a100-80gb"), _calibrated("h100-sxm"))},
-}
+# a100-80gb and h100-sxm are the calibrated profiles; their datasheet ceilings at efficiency 1
+# stay beside them as a100-80gb-datasheet and h100-sxm-datasheet
+def _with_calibrated(devices: Mapping[str, DeviceProfile]) -> dict[str, DeviceProfile]:
+    out: dict[str, DeviceProfile] = {}
+    for name, profile in devices.items():
+        if name in CALIBRATED_GPUS:
+            out[name] = _calibrated(name)
+            out[name + DATASHEET] = dataclasses.replace(profile, name=name + DATASHEET)
+        else:
+            out[name] = profile
+    return out
+
+
+BUILTIN_DEVICES = _with_calibrated(BUILTIN_DEVICES)
 
 DEFAULT_DEVICE = "a100-80gb"
 
