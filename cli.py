@@ -1393,7 +1393,7 @@ def autotune(vocab, batch, d_model, dtype, ops, quick, out, fmt):
     from vocabjax import autotune as at
     from vocabjax.hardware import save_device
 
-    settings = at.Settings.quick() if quick else at.Settings()
+    settings = at.TimingSettings.quick() if quick else at.TimingSettings()
     out = out or str(check_file_target(at.default_out(), what="--out"))
     run = at.autotune(
         vocabs=vocab or (at.QUICK_VOCABS if quick else at.DEFAULT_VOCABS),

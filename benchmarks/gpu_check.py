@@ -263,14 +263,16 @@ def main(argv=None) -> int:
         if args.cpu_try:
             grid = dict(vocabs=(1000, 4096), batches=(1, 16), d_model=64, dtype="f32")
             settings = dataclasses.replace(
-                at.Settings.quick(),
+                at.TimingSettings.quick(),
                 copy_bytes=32 * 2**20,
                 matmul_n={"f32": 512, "bf16": 512},
                 pallas_candidates=1,
             )
         else:
             grid = dict(vocabs=(32768, 131072), batches=(1, 16, 256), d_model=768, dtype="bf16")
-            settings = dataclasses.replace(at.Settings(), pallas_candidates=args.pallas_candidates)
+            settings = dataclasses.replace(
+                at.TimingSettings(), pallas_candidates=args.pallas_candidates
+            )
         run = at.autotune(
             **grid,
             ops=("greedy", "linear_cross_entropy"),

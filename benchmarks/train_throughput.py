@@ -30,7 +30,7 @@ import numpy as np  # noqa: E402
 from _report import header  # noqa: E402
 
 from vocabjax import render  # noqa: E402
-from vocabjax.autotune import Settings, time_interleaved  # noqa: E402
+from vocabjax.autotune import TimingSettings, time_interleaved  # noqa: E402
 from vocabjax.costmodel import CostModel  # noqa: E402
 from vocabjax.costmodel import Settings as CostSettings  # noqa: E402
 from vocabjax.hardware import load_device  # noqa: E402
@@ -98,7 +98,9 @@ def main(argv=None) -> int:
         say(f"V={vocab}: {n_params / 1e6:.1f}M parameters")
     # Round-robin: every round runs each V's step once, so they all see the same machine load.
     say(f"compiling and timing {len(calls)} steps, {args.repeats} rounds ...")
-    settings = Settings(warmup=1, repeats=args.repeats, min_repeats=args.repeats, slow_call_s=1e9)
+    settings = TimingSettings(
+        warmup=1, repeats=args.repeats, min_repeats=args.repeats, slow_call_s=1e9
+    )
     seconds = time_interleaved(calls, [()], settings)
     tokens = args.batch * args.seq_len
     per_v = 2 if args.donation else 1

@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     }
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
 
-    settings = at.Settings(
+    settings = at.TimingSettings(
         warmup=2,
         repeats=args.repeats,
         min_repeats=3,

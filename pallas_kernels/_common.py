@@ -78,12 +78,18 @@ def check_hw(h_bd: jax.Array, w_vd: jax.Array) -> None:
 
 
 def pad_rows(x: jax.Array, rows: int, value=0) -> jax.Array:
-    """Pad axis 0 of x up to ``rows`` with ``value`` (a no-op when it already has that many)."""
+    """Pad axis 0 of x up to ``rows`` with ``value`` (a no-op when it has that many or more)."""
     extra = rows - x.shape[0]
-    if extra == 0:
+    if extra <= 0:
         return x
     pad = [(0, extra)] + [(0, 0)] * (x.ndim - 1)
     return jnp.pad(x, pad, constant_values=jnp.asarray(value, x.dtype))
+
+
+def dlogits(p_nv: jax.Array, hit_nv: jax.Array, g_lse_n: jax.Array, g_target_n: jax.Array):
+    """d(g_lse * lse + g_target * target logit) / d logits = g_lse * softmax + g_target *
+    onehot(label), for a tile of softmax ``p`` and label hits ``hit`` (f32)."""
+    return g_lse_n[:, None] * p_nv + jnp.where(hit_nv, g_target_n[:, None], 0.0)
 
 
 def prepare_seeds(seeds: jax.Array) -> jax.Array:

@@ -35,6 +35,7 @@ from pallas_kernels._common import (
     cdiv,
     check_hw,
     check_pow2,
+    dlogits,
     load_tile,
     merge_lse,
     next_pow2,
@@ -225,7 +226,7 @@ def _dlogits(logits, ids_v, valid_v, labels_n, lse_n, g_lse_n, g_target_n):
     """g_lse * softmax + g_target * onehot(label) for one tile, f32 (0 on padded tokens)."""
     p = jnp.exp(logits - lse_n[:, None])
     hit = (ids_v[None, :] == labels_n[:, None]) & valid_v[None, :]
-    return g_lse_n[:, None] * p + jnp.where(hit, g_target_n[:, None], 0.0)
+    return dlogits(p, hit, g_lse_n, g_target_n)
 
 
 def _zero_fill(ref, row0, rows, row_ok, d_pad_chunks, block_d, d_model):

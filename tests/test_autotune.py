@@ -14,7 +14,7 @@ from vocabjax.errors import UserError
 from vocabjax.hardware import KernelTiming, load_device, save_device
 
 TINY = dataclasses.replace(
-    at.Settings.quick(),
+    at.TimingSettings.quick(),
     repeats=3,
     rotate_bytes=2 * 2**20,
     copy_bytes=16 * 2**20,

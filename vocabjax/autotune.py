@@ -44,8 +44,7 @@ import numpy as np
 from vocabjax import unembed
 from vocabjax.errors import UserError
 from vocabjax.hardware import BYTES_PER_ELEMENT, DTYPES, DeviceProfile, KernelTiming
-
-Progress = Callable[[str], None]
+from vocabjax.progress import Progress
 
 DEFAULT_VOCABS: tuple[int, ...] = tuple(2**p for p in range(13, 20))  # 8k .. 512k
 DEFAULT_BATCHES: tuple[int, ...] = tuple(2**p for p in range(0, 10))  # 1 .. 512
@@ -57,7 +56,7 @@ TOP_K = 50  # k of the timed top_k op (a common sampling cut-off)
 
 
 @dataclasses.dataclass(frozen=True)
-class Settings:
+class TimingSettings:
     """How hard autotune measures; ``quick()`` fits in minutes on two CPU cores."""
 
     warmup: int = 2  # untimed calls before timing (the first also compiles)
@@ -82,7 +81,7 @@ class Settings:
     confirm_repeats: int = 9
 
     @classmethod
-    def quick(cls) -> Settings:
+    def quick(cls) -> TimingSettings:
         return cls(
             warmup=1,
             repeats=5,
@@ -219,7 +218,11 @@ def _block(x: Any) -> None:
 
 
 def time_call(
-    fn: Callable[..., Any], arg_sets: Sequence[tuple], settings: Settings, *, fastest: bool = False
+    fn: Callable[..., Any],
+    arg_sets: Sequence[tuple],
+    settings: TimingSettings,
+    *,
+    fastest: bool = False,
 ) -> float:
     """Median wall time of ``fn(*args)``; call i uses ``arg_sets[i % len(arg_sets)]``.
 
@@ -245,7 +248,7 @@ def time_call(
 
 
 def time_interleaved(
-    fns: Sequence[Callable[..., Any]], arg_sets: Sequence[tuple], settings: Settings
+    fns: Sequence[Callable[..., Any]], arg_sets: Sequence[tuple], settings: TimingSettings
 ) -> list[float]:
     """Median wall time of each of ``fns``, timed round-robin: every round calls each function
     once (starting at a different one each round), so all of them see the same machine load;
@@ -296,11 +299,11 @@ def copy_probe(nbytes: int) -> tuple[Callable[..., jax.Array], int]:
 
 def measure_ceilings(
     dtypes: Sequence[str] = DTYPES,
-    settings: Settings | None = None,
+    settings: TimingSettings | None = None,
     progress: Progress | None = None,
 ) -> Ceilings:
     """Bandwidth of a large copy, peak FLOP/s of a large matmul per dtype, a tiny op's time."""
-    settings = settings or Settings()
+    settings = settings or TimingSettings()
     say = progress or (lambda _m: None)
     step, moved = copy_probe(settings.copy_bytes)
     t = time_call(step, [()], settings, fastest=True)
@@ -352,11 +355,11 @@ def candidates(
     dtype: str,
     *,
     backend: str | None = None,
-    settings: Settings | None = None,
+    settings: TimingSettings | None = None,
     include_interpret: bool = False,
 ) -> list[Candidate]:
     """Every implementation and tiling worth timing at this point, the baseline first."""
-    settings = settings or Settings()
+    settings = settings or TimingSettings()
     backend = backend or jax.default_backend()
     out = [Candidate("xla", None)]
     quick = settings.chunk_candidates == "quick"
@@ -500,7 +503,7 @@ def autotune(
     dtype: str = "bf16",
     *,
     ops: Sequence[str] = unembed.OPS,
-    settings: Settings | None = None,
+    settings: TimingSettings | None = None,
     progress: Progress | None = None,
     include_interpret: bool = False,
     ceilings: Ceilings | None = None,
@@ -508,7 +511,7 @@ def autotune(
 ) -> Run:
     """Measure the ceilings and every candidate on the grid; return the measured profile."""
     t_start = time.perf_counter()
-    settings = settings or Settings()
+    settings = settings or TimingSettings()
     say = progress or (lambda _m: None)
     _check_grid(vocabs, batches, d_model, dtype, ops)
     backend = jax.default_backend()

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import BinaryIO, Literal
 
 from vocabjax.errors import UserError
+from vocabjax.progress import Progress
 
 BUILTIN = "builtin"
 BUILTIN_LABEL = "builtin (Python standard library: code-heavy text)"
@@ -43,8 +44,6 @@ PARQUET_SUFFIXES = (".parquet",)
 COMPRESSED_SUFFIXES = (".gz", ".zst")
 MIB = 1024**2
 BUILTIN_MAX_BYTES = 8 * MIB  # the command line's default cap for builtin: a training in seconds
-
-Progress = Callable[[str], None]
 
 
 class NotText(UserError):

@@ -55,7 +55,7 @@ import numpy as np
 from jax import lax
 
 from pallas_kernels import noise
-from pallas_kernels._common import next_pow2
+from pallas_kernels._common import dlogits, next_pow2, pad_rows
 from vocabjax.errors import UserError
 from vocabjax.hardware import BYTES_PER_ELEMENT, DeviceProfile, KernelTiming, load_device
 
@@ -279,7 +279,7 @@ def select(
         return _cpu_rule(op, vocab, batch, d_model, dtype)
     ridge_profile = profile if profile is not None else load_device(_FALLBACK_DEVICE)
     ridge = ridge_profile.ridge_point(dtype)
-    intensity = arithmetic_intensity(vocab, batch, d_model, dtype)
+    intensity = unembed_intensity(vocab, batch, d_model, dtype)
     why = f"roofline: intensity {intensity:.1f} vs ridge {ridge:.1f} of {ridge_profile.name}"
     if op == "linear_cross_entropy" or intensity < ridge:
         return Choice("pallas", {}, why)
@@ -333,7 +333,7 @@ def _shape_distance(row: KernelTiming, vocab: int, batch: int, d_model: int) -> 
     )
 
 
-def arithmetic_intensity(vocab: int, batch: int, d_model: int, dtype: str) -> float:
+def unembed_intensity(vocab: int, batch: int, d_model: int, dtype: str) -> float:
     """FLOP per byte of the fused unembedding: 2 B V D over the bytes of W, h and the outputs."""
     flops, bytes_ = unembed_cost("greedy", vocab, batch, d_model, dtype)
     return flops / bytes_
@@ -648,16 +648,8 @@ def _decode(
 def _on_padded_rows(fn: Callable[[jax.Array], Any], h_bd: jax.Array, rows: int) -> Any:
     """``fn`` of ``h_bd`` padded with zero rows up to ``rows``, every output cut back to
     ``h_bd``'s rows (``ChunkBlocks.min_rows``)."""
-    out = fn(_pad_rows(h_bd, rows))
+    out = fn(pad_rows(h_bd, rows))
     return jax.tree_util.tree_map(lambda x: x[: h_bd.shape[0]], out)
-
-
-def _pad_rows(x: jax.Array, rows: int, value: Any = 0) -> jax.Array:
-    """``x`` with rows of ``value`` appended up to ``rows`` rows (as it is when it has them)."""
-    extra = rows - x.shape[0]
-    if extra <= 0:
-        return x
-    return jnp.pad(x, [(0, extra)] + [(0, 0)] * (x.ndim - 1), constant_values=value)
 
 
 def _chunk_blocks(blocks: Any, h_bd: jax.Array, w_vd: jax.Array) -> ChunkBlocks:
@@ -1016,8 +1008,7 @@ def _dlogits(probs_nv, start, labels_n, g_lse_n, g_target_n) -> jax.Array:
     """d(sum g_lse * lse + g_target * target) / d logits for a tile of ids from ``start``:
     ``g_lse * softmax + g_target * onehot(label)``, given the tile's softmax ``probs``."""
     ids_v = start + jnp.arange(probs_nv.shape[1], dtype=jnp.int32)
-    onehot = labels_n[:, None] == ids_v[None, :]
-    return g_lse_n[:, None] * probs_nv + jnp.where(onehot, g_target_n[:, None], 0.0)
+    return dlogits(probs_nv, labels_n[:, None] == ids_v[None, :], g_lse_n, g_target_n)
 
 
 def _total_cotangents(lse_n, weight_n, z_loss: float) -> tuple[jax.Array, jax.Array]:
@@ -1072,7 +1063,7 @@ def linear_cross_entropy(
     n_rows = h_nd.shape[0]
     if impl == "chunked":  # padded rows carry ignore_index: no loss, no gradient
         rows = _chunk_blocks(blocks, h_nd, w_vd).min_rows
-        h_nd, labels = _pad_rows(h_nd, rows), _pad_rows(labels, rows, ignore_index)
+        h_nd, labels = pad_rows(h_nd, rows), pad_rows(labels, rows, ignore_index)
 
     valid = labels != ignore_index
     out_of_range = valid & ((labels < 0) | (labels >= vocab))
@@ -1135,7 +1126,7 @@ __all__ = [
     "OPS",
     "ChunkBlocks",
     "Choice",
-    "arithmetic_intensity",
+    "unembed_intensity",
     "device_profile",
     "greedy",
     "linear_cross_entropy",

@@ -32,13 +32,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
 
 from vocabjax.errors import UserError
 from vocabjax.profiles import SCHEMA
+from vocabjax.progress import Progress
 from vocabjax.serving.controller import DEFAULT_WINDOW, QualityController, Thresholds
 from vocabjax.serving.engine import Engine, LoadedRun, Sampling, choose_head, prompt_ids
 from vocabjax.serving.trace import PromptRoom, Request
@@ -46,7 +47,6 @@ from vocabjax.serving.trace import PromptRoom, Request
 DEFAULT_MAX_BATCH = 32
 DEFAULT_MAX_NEW_TOKENS = 32
 Routes = Sequence[tuple[int | None, int]]
-Progress = Callable[[str], None]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,7 @@ import datetime
 import os
 import platform
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ import vocabjax
 from vocabjax.corpus import Corpus, open_corpus
 from vocabjax.errors import UserError
 from vocabjax.outputs import atomic_write_json, check_target_dir
+from vocabjax.progress import Progress
 from vocabjax.train.checkpoint import load_checkpoint, restore, save_checkpoint
 from vocabjax.train.config import RUN_FILE, TOKENIZER_DIR, RunConfig, read_run, write_run
 from vocabjax.train.data import (
@@ -53,7 +54,6 @@ from vocabjax.vocab import NestedBPE, save_nested, train_nested
 
 TRAINING_FILE = "training.json"
 RECENT = 20  # the reported train loss is the mean over this many last steps
-Progress = Callable[[str], None]
 
 
 @dataclasses.dataclass(frozen=True)

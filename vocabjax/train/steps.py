@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from vocabjax.autotune import Settings, time_call
+from vocabjax.autotune import TimingSettings, time_call
 from vocabjax.models import GPT, head_loss
 from vocabjax.train.config import RunConfig
 
@@ -170,5 +170,5 @@ def stepping(step, params: Params, opt_state, batch_hbt: jax.Array) -> Callable[
 def time_step(step, params: Params, opt_state, batch_hbt: jax.Array, *, repeats: int) -> float:
     """Median wall seconds of one ``step`` after a compiling call (``autotune.time_call``, every
     repeat kept however slow the step is), each call continuing from the last (``stepping``)."""
-    settings = Settings(warmup=1, repeats=repeats, min_repeats=repeats, slow_call_s=math.inf)
+    settings = TimingSettings(warmup=1, repeats=repeats, min_repeats=repeats, slow_call_s=math.inf)
     return time_call(stepping(step, params, opt_state, batch_hbt), [()], settings)

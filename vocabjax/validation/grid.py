@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from vocabjax.autotune import Settings as TimingSettings
+from vocabjax.autotune import TimingSettings
 from vocabjax.errors import UserError
 from vocabjax.shapes import BUILTIN_SHAPES, ModelShape
 

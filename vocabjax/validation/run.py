@@ -95,7 +95,7 @@ def device_mismatch(device: DeviceProfile, running: str) -> str | None:
 
 def measured_device(progress=None) -> DeviceProfile:
     """This machine's ceilings, measured now with autotune's quick probes (f32 only)."""
-    ceilings = at.measure_ceilings((DTYPE,), at.Settings.quick(), progress)
+    ceilings = at.measure_ceilings((DTYPE,), at.TimingSettings.quick(), progress)
     kind = running_kind()
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M")
     return DeviceProfile(

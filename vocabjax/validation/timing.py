@@ -40,10 +40,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from vocabjax.autotune import Progress, time_interleaved
+from vocabjax.autotune import time_interleaved
 from vocabjax.errors import UserError
 from vocabjax.models import GPT, GPTConfig
 from vocabjax.models.gpt import LayerCache
+from vocabjax.progress import Progress
 from vocabjax.serving.engine import MIN_BUCKET, Engine, LoadedRun, Sampling
 from vocabjax.shapes import ModelShape
 from vocabjax.train import CorpusSpec, Functional, HeadTokenizer, RunConfig
