@@ -43,7 +43,7 @@ import numpy as np
 import optax
 
 from vocabjax.errors import UserError
-from vocabjax.hardware import MAX_FITTED_EFFICIENCY, DeviceProfile, EfficiencyTable
+from vocabjax.hardware import MAX_FITTED_EFFICIENCY, OP_KINDS, DeviceProfile, EfficiencyTable
 from vocabjax.xp import interp
 
 KNOTS = 4  # per table; with two overheads and two kind scales 2 * KNOTS + 4 parameters
@@ -55,7 +55,6 @@ STEPS = 3000
 LEARNING_RATE = 0.05
 MIN_LAUNCH_S = 1e-9  # floor of the fitted launch and dispatch overheads
 START_DISPATCH_S = 1e-5  # where the dispatch fit starts when the profile has none
-KINDS = ("attention", "train")  # op kinds with their own fitted scale (DeviceProfile fields)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,7 +127,7 @@ def _pad(samples: Sequence[Sample]) -> tuple[np.ndarray, ...]:
         flops[i, : len(s.flops)] = s.flops
         nbytes[i, : len(s.nbytes)] = s.nbytes
         kernels[i, : len(s.kernels)] = s.kernels
-        kinds[i, : len(s.kinds)] = [KINDS.index(k) + 1 if k in KINDS else 0 for k in s.kinds]
+        kinds[i, : len(s.kinds)] = [OP_KINDS.index(k) + 1 if k in OP_KINDS else 0 for k in s.kinds]
     launches = np.array([s.launches for s in samples], float)
     calls = np.array([s.calls for s in samples], float)
     fixed = np.array([s.fixed_s for s in samples], float)
@@ -170,7 +169,7 @@ def fit_profile(
     peak, bandwidth = device.flops(dtype), device.hbm_bandwidth
     flops, nbytes, kernels, kinds, launches, calls, fixed, measured = _pad(fit)
     fits_dispatch = bool(np.any(calls > 0))
-    fitted_kinds = [k for i, k in enumerate(KINDS, 1) if np.any((kinds == i) & (flops > 0))]
+    fitted_kinds = [k for i, k in enumerate(OP_KINDS, 1) if np.any((kinds == i) & (flops > 0))]
     c_knots, m_knots = _knots(flops / kernels), _knots(nbytes / kernels)
     log_c, log_m = [math.log(k) for k in c_knots], [math.log(k) for k in m_knots]
     arrays = (
@@ -216,7 +215,7 @@ def fit_profile(
         "u_m": jnp.full(KNOTS, math.log(device.memory_efficiency), jnp.float32),
         "u_l": jnp.float32(math.log(max(device.launch_overhead_s, MIN_LAUNCH_S))),
         "u_d": jnp.float32(math.log(device.dispatch_overhead_s or START_DISPATCH_S)),
-        "u_k": jnp.log(jnp.asarray([_kind_scale(device, k) for k in KINDS], jnp.float32)),
+        "u_k": jnp.log(jnp.asarray([device.kind_efficiency(k) for k in OP_KINDS], jnp.float32)),
     }
     params = jax.device_get(run(start))
     if not all(np.all(np.isfinite(v)) for v in params.values()):
@@ -224,8 +223,8 @@ def fit_profile(
     sd = float(np.std(np.log(np.asarray(predict(params, arrays))) - np.asarray(log_meas)))
     dispatch = float(np.exp(params["u_d"])) if fits_dispatch else device.dispatch_overhead_s
     scales = {
-        f"{k}_efficiency": float(np.exp(u)) if k in fitted_kinds else _kind_scale(device, k)
-        for k, u in zip(KINDS, params["u_k"], strict=True)
+        f"{k}_efficiency": float(np.exp(u)) if k in fitted_kinds else device.kind_efficiency(k)
+        for k, u in zip(OP_KINDS, params["u_k"], strict=True)
     }
     refitted = ["launch overhead"] + ["dispatch overhead"] * fits_dispatch
     refitted += [f"{k} efficiency" for k in fitted_kinds]
@@ -257,10 +256,6 @@ def fit_profile(
     )
 
 
-def _kind_scale(device: DeviceProfile, kind: str) -> float:
-    return float(getattr(device, f"{kind}_efficiency"))
-
-
 def _table(knots: np.ndarray, u: np.ndarray) -> EfficiencyTable:
     values = np.clip(np.exp(np.asarray(u, float)), 1e-9, MAX_FITTED_EFFICIENCY)
     return EfficiencyTable(tuple(float(k) for k in knots), tuple(float(v) for v in values))
@@ -274,7 +269,7 @@ def predict_samples(profile: DeviceProfile, samples: Sequence[Sample], *, dtype:
     c, m = profile.compute_table, profile.memory_table
     e_c = c.at(flops / kernels, xp=np) if c else profile.compute_efficiency
     e_m = m.at(nbytes / kernels, xp=np) if m else profile.memory_efficiency
-    scale = np.array([1.0, *(_kind_scale(profile, k) for k in KINDS)])[kinds]
+    scale = np.array([1.0, *(profile.kind_efficiency(k) for k in OP_KINDS)])[kinds]
     t_ops = np.maximum(flops / (peak * e_c), nbytes / (bandwidth * e_m)) / scale
     overheads = launches * profile.launch_overhead_s + calls * profile.dispatch_overhead_s
     return t_ops.sum(axis=1) + overheads + fixed

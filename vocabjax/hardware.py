@@ -212,9 +212,7 @@ class DeviceProfile:
 
     def kind_efficiency(self, kind: str) -> float:
         """The multiplier of the rates for an op of ``kind`` (costmodel.Op.kind)."""
-        return {"attention": self.attention_efficiency, "train": self.train_efficiency}.get(
-            kind, 1.0
-        )
+        return float(getattr(self, f"{kind}_efficiency")) if kind in OP_KINDS else 1.0
 
     def flops(self, dtype: str = "bf16") -> float:
         """Dense peak FLOP/s for ``dtype`` (bf16 falls back to f32 on devices without it)."""
@@ -250,8 +248,7 @@ class DeviceProfile:
             "efficiency": {
                 "compute": self.compute_efficiency,
                 "memory": self.memory_efficiency,
-                "attention": self.attention_efficiency,
-                "train": self.train_efficiency,
+                **{kind: self.kind_efficiency(kind) for kind in OP_KINDS},
                 **(
                     {"compute_by_flops": self.compute_table.to_json()} if self.compute_table else {}
                 ),
@@ -329,12 +326,12 @@ class DeviceProfile:
             compute_efficiency=e_c,
             memory_efficiency=e_m,
             **{
-                field: positive_number(
-                    efficiency.get(field.removesuffix("_efficiency"), 1.0),
-                    where=f"{where}: efficiency.{field.removesuffix('_efficiency')}",
+                f"{kind}_efficiency": positive_number(
+                    efficiency.get(kind, 1.0),
+                    where=f"{where}: efficiency.{kind}",
                     maximum=MAX_FITTED_EFFICIENCY,
                 )
-                for field in KIND_FIELDS
+                for kind in OP_KINDS
             },
             measured=boolean(data.get("measured", False), where=f"{where}: measured"),
             calibration=calibration,
@@ -349,8 +346,9 @@ DEVICE_FIELDS = (
     "efficiency", "calibration", "kernels", "best",
 )  # fmt: skip
 TABLE_FIELDS = {"compute_table": "compute_by_flops", "memory_table": "memory_by_bytes"}
-KIND_FIELDS = ("attention_efficiency", "train_efficiency")
-EFFICIENCY_FIELDS = ("compute", "memory", "attention", "train", *TABLE_FIELDS.values())
+OP_KINDS = ("attention", "train")  # costmodel.Op.kind with a scale field ``{kind}_efficiency``
+KIND_FIELDS = tuple(f"{kind}_efficiency" for kind in OP_KINDS)
+EFFICIENCY_FIELDS = ("compute", "memory", *OP_KINDS, *TABLE_FIELDS.values())
 CEILING_FIELDS = (
     "hbm_bandwidth", "peak_flops", "ridge_point", "launch_overhead_s", "dispatch_overhead_s",
 )  # fmt: skip

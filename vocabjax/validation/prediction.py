@@ -61,7 +61,7 @@ class OpRow:
     t: float  # the time the cost model charges (roofline max, or a measured kernel time)
     bound: str  # "compute", "memory" or "measured" (an autotuned kernel table's time)
     kernels: float = 1.0  # Op.kernels: a calibrated efficiency is read at one kernel's size
-    kind: str = "matmul"  # Op.kind, or "train" for a training step
+    kind: str = "matmul"  # Op.kind: "attention" and "train" run at their own fitted scale
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -46,22 +46,18 @@ def summary(results: Sequence[Result]) -> dict[str, Any]:
     """The error over all points, per kind (step or op), per family and per bound (groups with
     no point are left out)."""
     results = list(results)
+
+    def by(key, groups) -> dict[str, Any]:
+        return {
+            g: errors_summary([r for r in results if key(r) == g])
+            for g in groups
+            if any(key(r) == g for r in results)
+        }
+
     out = errors_summary(results)
-    out["by_kind"] = {
-        k: errors_summary(r for r in results if r.point.kind == k)
-        for k in ("step", "op")
-        if any(r.point.kind == k for r in results)
-    }
-    out["by_family"] = {
-        f: errors_summary(r for r in results if r.point.family == f)
-        for f in FAMILIES
-        if any(r.point.family == f for r in results)
-    }
-    out["by_bound"] = {
-        b: errors_summary(r for r in results if r.prediction.bound == b)
-        for b in BOUNDS
-        if any(r.prediction.bound == b for r in results)
-    }
+    out["by_kind"] = by(lambda r: r.point.kind, ("step", "op"))
+    out["by_family"] = by(lambda r: r.point.family, FAMILIES)
+    out["by_bound"] = by(lambda r: r.prediction.bound, BOUNDS)
     return out
 
 
