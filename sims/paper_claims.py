@@ -39,6 +39,18 @@ def model(dev, shape, mode):
     return CostModel(load_device(dev), load_shape(shape), Settings(mode=mode))
 
 
+def paper_sweep(cm, grid):
+    """A sweep as the paper prices it: each B at the roofline of B, however much memory it
+    needs (``--no-cap-batch``); ``over_memory`` says where that is more than the device has."""
+    return sweep(cm, grid, cap_batch=False)
+
+
+def over_memory(res) -> str:
+    """The batches of ``res`` that do not fit beside the weights at some V of the grid."""
+    over = [str(b) for bi, b in enumerate(res.grid.batch) if not res.fits[:, bi].all()]
+    return ", ".join(over) or "-"
+
+
 def hs(v):
     return "-" if not v else human_size(v)  # None or NO_VOCAB (0): no V
 
@@ -66,7 +78,7 @@ def claim_inference_optimal():
     for mode in MODES:
         for dev in ("a10g", "a100-paper", *A100_80GB):
             for shape in PAPER_MODELS:
-                res = sweep(model(dev, shape, mode), Grid(VOCAB, (1, 64, 128, 256), (1.0,)))
+                res = paper_sweep(model(dev, shape, mode), Grid(VOCAB, (1, 64, 128, 256), (1.0,)))
                 v1 = int(res.v_infer[0])
                 big = [int(v) for v in res.v_infer[1:]]
                 ok = v1 == 32 * K and all(v == 512 * K for v in big)
@@ -79,6 +91,7 @@ def claim_inference_optimal():
                         "B=64": hs(big[0]),
                         "B=128": hs(big[1]),
                         "B=256": hs(big[2]),
+                        "B over memory": over_memory(res),
                         "agrees": "yes" if ok else "no",
                     }
                 )
@@ -122,7 +135,7 @@ def claim_lambda_zero_and_up():
     rows = []
     batches = (1, 4, 16, 64, 256)
     for mode, dev, shape in itertools.product(MODES, A100S, PAPER_MODELS):
-        res = sweep(model(dev, shape, mode), Grid(VOCAB, batches, (0.0, 1.0)))
+        res = paper_sweep(model(dev, shape, mode), Grid(VOCAB, batches, (0.0, 1.0)))
         v0 = {int(v) for v in res.v_star[:, 0]}
         v1 = [int(v) for v in res.v_star[:, 1]]
         up = all(a > res.v_train for a in v1)
@@ -133,6 +146,7 @@ def claim_lambda_zero_and_up():
                 "model": shape,
                 "V* at lam=0 (all B)": ", ".join(hs(v) for v in sorted(v0)),
                 **{f"lam=1 B={b}": hs(v) for b, v in zip(batches, v1)},
+                "B over memory": over_memory(res),
                 "16k at lam=0": "yes" if v0 == {16 * K} else "no",
                 "lam=1 moves up at every B": "yes" if up else "no",
             }
@@ -153,7 +167,7 @@ def claim_lambda_for_262k():
     lams = tuple(float(x) for x in np.geomspace(0.01, 1e5, 141))
     rows = []
     for mode, dev, shape in itertools.product(MODES, A100S, PAPER_MODELS):
-        res = sweep(model(dev, shape, mode), Grid(VOCAB, (256,), lams))
+        res = paper_sweep(model(dev, shape, mode), Grid(VOCAB, (256,), lams))
         reach = [x for li, x in enumerate(lams) if res.v_star[0, li] >= 256 * K]
         need = reach[0] if reach else None
         rows.append(
@@ -164,6 +178,7 @@ def claim_lambda_for_262k():
                 "smallest lambda with V* >= 262k at B=256": "never (up to 1e5)"
                 if need is None
                 else f"{need:.3g}",
+                "B over memory": over_memory(res),
                 "agrees": "yes" if need is not None and 50 <= need <= 200 else "no",
             }
         )
@@ -321,7 +336,11 @@ def main() -> None:
             "reported as it is. Device profiles: `a10g`, `a100-paper` and `a100-80gb-datasheet` "
             "run at their datasheet (or paper-stated) ceilings at efficiency 1; `a100-80gb` is "
             "the same card calibrated on microsoft/vidur's published per-op kernel timings "
-            "([gpu_calibration.md](gpu_calibration.md)), shown beside them.",
+            "([gpu_calibration.md](gpu_calibration.md)), shown beside them. Each batch is "
+            "costed as the paper costs it, at the roofline of B however much memory it needs "
+            "(`--no-cap-batch`; `sweep` and `plan` cap B at what fits by default); the "
+            "column *B over memory* names the batches whose weights and KV cache do not fit "
+            "on the card at some V of the grid.",
             "## Ridge points\n\n" + claim_ridge_points(),
             "## Inference-optimal V against batch\n\n" + claim_inference_optimal(),
             "## Lifecycle V* at lambda = 0 and lambda >= 1\n\n" + claim_lambda_zero_and_up(),

@@ -18,13 +18,18 @@ from vocabjax.hardware import BUILTIN_DEVICES, load_device
 from vocabjax.lifecycle import (
     DEFAULT_BATCH,
     DEFAULT_LAM,
+    DEFAULT_TOLERANCE,
     DEFAULT_VOCAB,
+    FINE_PER_OCTAVE,
+    N_DRAWS,
     Grid,
     break_even_rows,
+    share_of_v_star,
     sweep,
+    sweep_rows,
 )
 from vocabjax.plots import _pyplot, plot_sweep, save_figure
-from vocabjax.render import human_size, markdown, pivot
+from vocabjax.render import human_size, markdown, pivot, v_star_cell
 from vocabjax.shapes import load_shape
 
 MODES = ("weights-only", "full")
@@ -48,7 +53,10 @@ def inference_optimal() -> tuple[str, object]:
                 cm = CostModel(load_device(dev), load_shape(model), Settings(mode=mode))
                 res = sweep(cm, grid)
                 row = {"device": dev, "model": model}
-                row.update({f"B={b}": hs(int(res.v_infer[i])) for i, b in enumerate(grid.batch)})
+                for i, b in enumerate(grid.batch):
+                    v = int(res.v_infer[i])
+                    capped = v and res.batch_capped[res.index(v), i]
+                    row[f"B={b}"] = hs(v) + ("*" if capped else "")
                 rows.append(row)
                 curves[mode, dev, model] = [int(v) or None for v in res.v_infer]
         out.append(f"### {mode} cost model\n\n{markdown(rows)}\n")
@@ -78,12 +86,13 @@ def lifecycle_tables() -> str:
             for mode in MODES:
                 cm = CostModel(load_device(dev), load_shape(model), Settings(mode=mode))
                 res = sweep(cm, grid)
+                cells = {(r["batch"], r["lam"]): r for r in sweep_rows(cm, res)}
                 rows = []
-                for bi, b in enumerate(grid.batch):
+                for b in grid.batch:
                     row = {"B": b}
-                    row.update(
-                        {f"lam={x:g}": hs(int(res.v_star[bi, li])) for li, x in enumerate(grid.lam)}
-                    )
+                    for x in grid.lam:
+                        cell = cells[b, x]
+                        row[f"lam={x:g}"] = v_star_cell(cell, share=share_of_v_star(cell))
                     rows.append(row)
                 parts.append(f"### {dev}, {model}, {mode}\n\n{markdown(rows)}\n")
     return "\n".join(parts)
@@ -166,6 +175,15 @@ Measured profiles (`python cli.py autotune`, `tokenizer measure`) replace these 
 (B, lambda) and the inference cost per byte against V for each B.
 
 ![default sweep](sweep_default.png)
+
+Every sweep here caps each batch at the largest one whose weights and KV cache fit on the card
+(the default of `sweep` and `plan`; `--no-cap-batch` costs B however much memory it needs), and
+marks with * a cell costed at such a smaller batch. The bracket after V* is its band: every V,
+on a grid of {FINE_PER_OCTAVE} sizes per octave, whose J is within {100 * DEFAULT_TOLERANCE:g}%
+of J at V* (`--tolerance`). For a calibrated profile (`h100-sxm` below) the percentage is the
+share of {N_DRAWS} profiles drawn from the calibration's log residual spread (each op family's
+time scaled by its own lognormal factor) whose V* is the V* shown; datasheet profiles have no
+such spread, so no share.
 
 ## Inference-optimal V against B (lambda -> infinity)
 

@@ -303,7 +303,7 @@ def test_plan_errors(args, line, tmp_path):
         ["--dtype", "f32"],
         ["--fused-logits"],
         ["--include-prefill"],
-        ["--cap-batch"],
+        ["--no-cap-batch"],
         ["--cost-model", "weights-only"],
         ["--model", "llama-70b"],
         ["--device", "l4"],
@@ -353,7 +353,6 @@ def test_plan_options(tmp_path):
             "dc:b=100000:share=1",
             "--lam",
             "100",
-            "--cap-batch",
             "--device",
             "l4",
             "--model",
@@ -369,6 +368,7 @@ def test_plan_options(tmp_path):
             "dc:b=100000:share=1",
             "--lam",
             "100",
+            "--no-cap-batch",
             "--device",
             "l4",
             "--model",
@@ -378,7 +378,11 @@ def test_plan_options(tmp_path):
         ).stdout
     )
     assert capped["routes"][0]["infer_cost_per_byte"] > uncapped["routes"][0]["infer_cost_per_byte"]
-    assert uncapped["routes"][0]["fits"] is False
+    assert uncapped["routes"][0]["fits"] is False and capped["routes"][0]["fits"] is False
+    assert capped["cap_batch"] is True and uncapped["cap_batch"] is False
+    assert capped["routes"][0]["batch_run"] == capped["routes"][0]["b_max"] < 100000
+    assert uncapped["routes"][0]["batch_run"] == 100000
+    assert capped["batch_routes"][-1]["fits"] is False  # B up to 1024 of llama-8b on an L4
     md = run("plan", "--workload", "e:b=1:share=1", "--lam", "1", "--format", "markdown")
     assert md.exit_code == 0 and "| name | batch |" in md.output
 
@@ -517,3 +521,64 @@ def test_a_corpus_that_fails_while_read_is_one_error_line(tmp_path, monkeypatch)
     )
     assert out.exit_code == 1, out.output
     assert _one_error_line(out) == f"Error: cannot read '{path}': Input/output error"
+
+
+def test_sweep_marks_capped_cells_and_no_cap_marks_what_does_not_fit():
+    args = ("--device", "l4", "--model", "llama-8b", "--vocab", "32k,128k", "--batch", "1,512",
+            "--lam", "10")  # fmt: skip
+    capped = run("sweep", *args)
+    assert capped.exit_code == 0, capped.output
+    row = next(line for line in capped.output.splitlines() if line.split()[:1] == ["512"])
+    assert row.rstrip().split()[-2].endswith("*") and "!" not in row
+    assert "*: B does not fit in device memory there" in capped.output
+    uncapped = run("sweep", *args, "--no-cap-batch")
+    row = next(line for line in uncapped.output.splitlines() if line.split()[:1] == ["512"])
+    assert "!" in row and "*" not in row
+    assert "!: B does not fit in device memory there" in uncapped.output
+    table = json.loads(run("sweep", *args, "--format", "json").stdout)
+    assert table["cap_batch"] is True
+    big = [r for r in table["table"] if r["batch"] == 512][0]
+    assert big["batch_capped"] and not big["fits"] and big["batch_run"] == big["b_max"] < 512
+    free = json.loads(run("sweep", *args, "--no-cap-batch", "--format", "json").stdout)
+    big = [r for r in free["table"] if r["batch"] == 512][0]
+    assert free["cap_batch"] is False and not big["batch_capped"] and big["batch_run"] == 512
+
+
+def test_sweep_reports_the_band_and_the_share():
+    out = json.loads(run("sweep", *SMALL, "--tolerance", "0.05", "--format", "json").stdout)
+    assert out["tolerance"] == 0.05
+    assert "256 profiles" in out["v_star_share_notes"][0]["note"]
+    for r in out["table"]:
+        assert r["v_low"] <= r["v_star"] <= r["v_high"]
+        assert {s["vocab"] for s in r["v_star_share"]} <= {8192, 32768, 262144}
+    text = run("sweep", *SMALL)
+    assert "within 1% of J at V*" in text.output and "how sure: share of 256" in text.output
+    assert "[" in text.output and ".." in text.output
+    bare = run("sweep", *SMALL, "--device", "a100-80gb-datasheet", "--format", "json")
+    out = json.loads(bare.stdout)
+    assert all(r["v_star_share"] is None for r in out["table"])
+    assert "not calibrated" in out["v_star_share_notes"][0]["note"]
+    text = run("sweep", *SMALL, "--device", "a100-80gb-datasheet")
+    assert "how sure: not known; a100-80gb-datasheet is not calibrated" in text.output
+    bad = run("sweep", "--tolerance", "-1")
+    assert bad.exit_code == 2 and "--tolerance" in bad.output
+
+
+def test_plan_flags_a_route_whose_batch_does_not_fit():
+    args = ("plan", "--workload", "dc:b=100000:share=1", "--lam", "100", "--device", "l4",
+            "--model", "llama-8b")  # fmt: skip
+    out = run(*args)
+    assert out.exit_code == 0, out.output
+    assert "! dc: the class's batch does not fit" in out.output and "batch_run" in out.output
+    assert "(! fits B<=" in out.output
+    assert "costed uncapped" in run(*args, "--no-cap-batch").output
+
+
+def test_corrupt_residual_spread_in_a_profile_is_one_error(tmp_path):
+    data = load_device("a100-80gb").to_json()
+    data["calibration"]["log_residual_sd"] = -1.0
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    out = run("sweep", "--device", str(path))
+    assert out.exit_code == 1
+    assert out.output.strip().endswith("calibration.log_residual_sd must be >= 0, got -1.0")

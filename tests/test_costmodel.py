@@ -189,3 +189,22 @@ def test_measured_kernel_times_replace_the_unembedding_roofline():
         cm.decode_times(jnp.float32(65536.0), jnp.float32(16.0), 100.0)["unembedding"].t
     )
     assert jit_mid == pytest.approx(mid, rel=1e-5)
+
+
+def test_scaled_stretches_one_op_family_and_leaves_the_model_alone():
+    cm = CostModel(load_device("a100-80gb"), load_shape("llama-8b"))
+    base = cm.decode_times(32768.0, 8.0, 1000.0, xp=PyMath)
+    slow = cm.scaled({"unembedding": 2.0, "overhead": 3.0})
+    times = slow.decode_times(32768.0, 8.0, 1000.0, xp=PyMath)
+    assert times["unembedding"].t == pytest.approx(2 * base["unembedding"].t)
+    assert times["backbone"].t == base["backbone"].t
+    step, slow_step = (m.decode_step(32768.0, 8.0, 1000.0, xp=PyMath) for m in (cm, slow))
+    overhead = step - sum(t.t for t in base.values())
+    assert slow_step == pytest.approx(step + base["unembedding"].t + 2 * overhead, rel=1e-9)
+    assert cm.op_scale == {}  # the original is unchanged
+    trained = cm.scaled({"optimizer": 0.5})
+    assert trained.train_step(32768.0, 2.0**20, xp=PyMath) < cm.train_step(
+        32768.0, 2.0**20, xp=PyMath
+    )
+    with pytest.raises(ValueError, match="unknown op families"):
+        cm.scaled({"softmax": 2.0})

@@ -1,5 +1,7 @@
 """Whole-grid sweeps: V* against a brute-force evaluation, sharding, quality bound, limits."""
 
+import dataclasses
+import itertools
 import math
 
 import jax
@@ -12,7 +14,19 @@ from vocabjax.compression import DEFAULT_CURVE
 from vocabjax.costmodel import CostModel, Settings
 from vocabjax.errors import UserError
 from vocabjax.hardware import load_device
-from vocabjax.lifecycle import NO_VOCAB, Grid, Quality, check_grid_fits, sweep
+from vocabjax.lifecycle import (
+    FINE_PER_OCTAVE,
+    N_DRAWS,
+    NO_VOCAB,
+    Grid,
+    Quality,
+    check_grid_fits,
+    ensemble_draws,
+    fine_vocab,
+    share_note,
+    sweep,
+    sweep_rows,
+)
 from vocabjax.shapes import load_shape
 from vocabjax.trainprofile import TrainingProfile
 from vocabjax.xp import PyMath
@@ -25,9 +39,11 @@ def _model(device="a100-80gb", shape="paper-1.5b", **kw):
 def test_sweep_matches_point_by_point_python():
     cm = _model()
     grid = Grid()
-    res = sweep(cm, grid)
+    res = sweep(cm, grid)  # capped by default: B costed at the largest batch that fits
     for bi, b in enumerate(grid.batch):
-        c_inf = [cm.c_infer(float(v), float(b), xp=PyMath) for v in grid.vocab]
+        runs = [min(float(b), cm.b_max(float(v), xp=PyMath)) for v in grid.vocab]
+        assert (runs < np.float64(b)).any() == (bi == len(grid.batch) - 1)  # B=256 is capped
+        c_inf = [cm.c_infer(float(v), r, xp=PyMath) for v, r in zip(grid.vocab, runs)]
         np.testing.assert_allclose(res.c_infer[:, bi], c_inf, rtol=1e-5)
         for li, lam in enumerate(grid.lam):
             j = [cm.c_train(float(v), xp=PyMath) + lam * c for v, c in zip(grid.vocab, c_inf)]
@@ -157,3 +173,91 @@ def test_grid_too_large_is_a_user_error():
 def test_bad_grids(kw, message):
     with pytest.raises(UserError, match=message):
         Grid(**kw)
+
+
+def test_cap_is_the_default_and_no_cap_costs_the_asked_batch():
+    cm = _model("l4", "llama-8b")
+    grid = Grid(vocab=(32768,), batch=(1, 100000), lam=(1.0,))
+    default, uncapped = sweep(cm, grid), sweep(cm, grid, cap_batch=False)
+    assert default.capped and not uncapped.capped
+    assert default.batch_capped.tolist() == [[False, True]]
+    assert not uncapped.batch_capped.any() and uncapped.batch_eff[0, 1] == 100000
+    assert default.fits.tolist() == uncapped.fits.tolist() == [[True, False]]
+    rows = sweep_rows(cm, default)
+    assert [r["batch_capped"] for r in rows] == [False, True]
+    assert [r["fits"] for r in sweep_rows(cm, uncapped)] == [True, False]
+
+
+def test_fine_vocab_spans_the_grid_and_holds_its_sizes():
+    fine = fine_vocab((8192, 65536, 524288))
+    assert fine[0] == 8192 and fine[-1] == 524288
+    assert {8192, 65536, 524288} <= set(fine) and list(fine) == sorted(set(fine))
+    assert len(fine) == 6 * FINE_PER_OCTAVE + 1  # six octaves, 16 steps each
+    assert fine_vocab((32768,)) == (32768,)
+    steps = np.diff(np.log2(fine))
+    assert steps.max() < 1.5 / FINE_PER_OCTAVE
+
+
+@pytest.mark.parametrize("device", ["a100-80gb", "l4"])
+def test_band_holds_v_star_and_widens_with_tolerance(device):
+    cm = _model(device, "llama-8b")
+    bands = [sweep(cm, Grid(), tolerance=t) for t in (0.0, 0.01, 0.05, 0.2)]
+    for res in bands:
+        assert res.found.all()
+        assert (res.v_low <= res.v_star).all() and (res.v_star <= res.v_high).all()
+        assert np.isin(res.v_low, res.fine_vocab).all()
+    for narrow, wide in itertools.pairwise(bands):
+        assert (wide.v_low <= narrow.v_low).all() and (wide.v_high >= narrow.v_high).all()
+    assert (bands[-1].v_high - bands[-1].v_low > bands[1].v_high - bands[1].v_low).any()
+
+
+def test_band_is_every_fine_vocab_within_tolerance_of_j_star():
+    cm = _model("a100-80gb", "llama-8b")
+    grid = Grid(vocab=(16384, 65536, 262144), batch=(1, 64), lam=(10.0,))
+    res = sweep(cm, grid, tolerance=0.02)
+    for bi, b in enumerate(grid.batch):
+        runs = [min(float(b), cm.b_max(float(v), xp=PyMath)) for v in res.fine_vocab]
+        j = [
+            cm.c_train(float(v), xp=PyMath) + 10.0 * cm.c_infer(float(v), r, xp=PyMath)
+            for v, r in zip(res.fine_vocab, runs)
+        ]
+        inside = [v for v, x in zip(res.fine_vocab, j) if x <= res.j_star[bi, 0] * 1.02]
+        assert (res.v_low[bi, 0], res.v_high[bi, 0]) == (min(inside), max(inside))
+
+
+def test_v_star_share_is_null_without_calibration_and_sums_to_one_with_it():
+    bare = sweep(_model("a100-80gb-datasheet"), Grid())
+    assert bare.v_star_share is None and "not calibrated" in bare.share_note
+    assert all(r["v_star_share"] is None for r in sweep_rows(_model(), bare))
+    res = sweep(_model("a100-80gb"), Grid())
+    assert res.v_star_share.shape == (len(res.grid.vocab), len(res.grid.batch), len(res.grid.lam))
+    np.testing.assert_allclose(res.v_star_share.sum(axis=0), 1.0, rtol=1e-5)
+    assert f"{N_DRAWS} profiles" in res.share_note
+    again = sweep(_model("a100-80gb"), Grid())
+    np.testing.assert_array_equal(res.v_star_share, again.v_star_share)  # seeded draws
+    assert (res.v_star_share < 1).any()  # a spread of 0.28 moves some V* somewhere
+    rows = sweep_rows(_model(), res)
+    assert all(abs(sum(s["share"] for s in r["v_star_share"]) - 1) < 1e-4 for r in rows)
+
+
+def test_v_star_share_without_spread_always_picks_v_star():
+    device = load_device("a100-80gb")
+    exact = dataclasses.replace(device, calibration={**device.calibration, "log_residual_sd": 0.0})
+    cm = CostModel(exact, load_shape("paper-1.5b"), Settings(), DEFAULT_CURVE)
+    res = sweep(cm, Grid())
+    at_star = np.take_along_axis(res.v_star_share, res.index(res.v_star)[None], axis=0)[0]
+    np.testing.assert_allclose(at_star, 1.0)
+
+
+def test_ensemble_shrinks_to_the_memory_budget():
+    cm = _model("a100-80gb")
+    grid = Grid()
+    assert ensemble_draws(cm, grid) == N_DRAWS
+    assert ensemble_draws(cm, grid, budget_bytes=1.0) == 0
+    assert ensemble_draws(_model("a100-80gb-datasheet"), grid) == 0
+    assert "too large" in share_note(cm, 3)
+
+
+def test_bad_tolerance_is_a_user_error():
+    with pytest.raises(UserError, match="tolerance must be a finite number >= 0"):
+        sweep(_model(), Grid(), tolerance=-0.1)

@@ -60,8 +60,10 @@ def test_plan_against_brute_force():
     lam = 100.0
     p = make_plan(cm, DEFAULT_VOCAB, classes, lam, max_heads=3)
     ct = {v: cm.c_train(float(v), xp=PyMath) for v in DEFAULT_VOCAB}
-    ci = {
-        (v, c.batch): cm.c_infer(float(v), float(c.batch), xp=PyMath)
+    ci = {  # capped by default: each class costed at the largest batch that fits
+        (v, c.batch): cm.c_infer(
+            float(v), min(float(c.batch), cm.b_max(float(v), xp=PyMath)), xp=PyMath
+        )
         for v in DEFAULT_VOCAB
         for c in classes
     }

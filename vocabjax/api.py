@@ -31,6 +31,7 @@ from vocabjax.hardware import DEFAULT_DEVICE, DeviceProfile, load_device
 from vocabjax.lifecycle import (
     DEFAULT_BATCH,
     DEFAULT_LAM,
+    DEFAULT_TOLERANCE,
     DEFAULT_VOCAB,
     NO_VOCAB,
     Grid,
@@ -159,7 +160,9 @@ def _objective(cm: CostModel, cap_batch: bool, quality: Quality | None) -> Objec
         vocab = jnp.asarray(vocab, jnp.float32)
         batch = jnp.asarray(batch, jnp.float32)
         lam = jnp.asarray(lam, jnp.float32)
-        return run(vocab, jnp.ones(vocab.shape, bool), batch, lam)["j"]
+        valid = jnp.ones(vocab.shape, bool)
+        no_draws = lifecycle.no_draws()  # J alone: the band on the grid itself, no ensemble
+        return run(vocab, valid, batch, lam, vocab, valid, jnp.float32(0), no_draws)["j"]
 
     return j_grid
 
@@ -171,7 +174,7 @@ def objective(
     compression: Named | CompressionCurve = "default",
     training: Named | TrainingProfile | None = None,
     bpb_tolerance: float | None = None,
-    cap_batch: bool = False,
+    cap_batch: bool = True,
     **settings: Any,
 ) -> Objective:
     """The pure grid function under :func:`sweep`: ``f(vocab, batch, lam) -> J [V, B, lam]``.
@@ -216,6 +219,11 @@ class Sweep:
     v_train: int  # size argmin_V c_train over the allowed V (lambda = 0), or NO_VOCAB
     break_even: jax.Array  # [V, B] lambda at which V beats v_train (inf: never)
     batch_run: jax.Array  # [V, B] batch actually run (capped at b_max with cap_batch)
+    v_low: jax.Array  # [B, lam] int32 smallest V whose J is within ``tolerance`` of J at V*
+    v_high: jax.Array  # [B, lam] int32 largest such V (both NO_VOCAB where not found)
+    tolerance: float  # of the band
+    v_star_share: jax.Array | None  # [V, B, lam] share of calibrated draws picking each V
+    share_note: str  # what v_star_share is, or why it is None (an uncalibrated profile)
     b_max: jax.Array  # [V] largest batch whose KV cache fits beside the weights
     kv_bytes_per_seq: jax.Array  # [V]
     allowed: jax.Array  # [V] bool: passes the quality bound
@@ -240,6 +248,11 @@ class Sweep:
             v_train=int(result.v_train),
             break_even=_f32(result.break_even),
             batch_run=_f32(result.batch_eff),
+            v_low=jnp.asarray(result.v_low, jnp.int32),
+            v_high=jnp.asarray(result.v_high, jnp.int32),
+            tolerance=result.tolerance,
+            v_star_share=None if result.v_star_share is None else _f32(result.v_star_share),
+            share_note=result.share_note,
             b_max=_f32(result.b_max),
             kv_bytes_per_seq=_f32(result.kv_bytes_per_seq),
             allowed=jnp.asarray(result.allowed),
@@ -267,9 +280,11 @@ class Sweep:
         """The whole objective J [V, B, lam] of this grid (inf where V is not allowed)."""
         return self.objective(self.vocab, self.batch, self.lam)
 
-    def band(self, tolerance: float = 0.01) -> jax.Array:
-        """[V, B, lam] bool: V whose J is within ``tolerance`` (relative) of the best J at that
-        (B, lambda), the near-optimal band around V*; all False where no V is found."""
+    def band(self, tolerance: float | None = None) -> jax.Array:
+        """[V, B, lam] bool: the grid's V whose J is within ``tolerance`` (relative; default
+        the sweep's) of the best J at that (B, lambda); all False where no V is found.
+        ``v_low``/``v_high`` are the same band's ends on the finer grid of the sweep."""
+        tolerance = self.tolerance if tolerance is None else tolerance
         tol = parse_float(tolerance, what="tolerance", maximum=1e6)
         j = self.j()
         best = jnp.min(j, axis=0)
@@ -298,8 +313,9 @@ def sweep(
     compression: Named | CompressionCurve = "default",
     training: Named | TrainingProfile | None = None,
     bpb_tolerance: float | None = None,
-    cap_batch: bool = False,
+    cap_batch: bool = True,
     devices: Sequence[jax.Device] | None = None,
+    tolerance: float = DEFAULT_TOLERANCE,
     **settings: Any,
 ) -> Sweep:
     """V* = argmin_V c_train(V) + lambda c_infer(V, B) over a (V, B, lambda) grid, in one
@@ -310,8 +326,9 @@ def sweep(
     ``"8k,32k"``, ints); ``lam``: lambda values; ``compression``: ``"default"``, a ``tokenizer
     measure`` profile or a ``CompressionCurve``; ``training``: a training profile (measured
     tokens/s, and with ``bpb_tolerance`` a quality bound on BPB); ``cap_batch``: cap B at the
-    largest batch that fits; ``settings``: ``costmodel.Settings`` fields. Defaults are those of
-    ``python cli.py sweep``.
+    largest batch that fits (False: the roofline of B however much memory it needs);
+    ``tolerance``: of the V* band (``v_low``, ``v_high``); ``settings``: ``costmodel.Settings``
+    fields. Defaults are those of ``python cli.py sweep``.
     """
     grid = Grid(
         vocab=sizes(vocab, what="vocab", bounds=VOCAB_RANGE),
@@ -319,7 +336,9 @@ def sweep(
         lam=floats(lam, what="lam"),
     )
     cm, quality = _inputs(device, model, compression, training, bpb_tolerance, settings)
-    result = lifecycle.sweep(cm, grid, cap_batch=cap_batch, quality=quality, devices=devices)
+    result = lifecycle.sweep(
+        cm, grid, cap_batch=cap_batch, quality=quality, devices=devices, tolerance=tolerance
+    )
     return Sweep.of(result, cm, _objective(cm, cap_batch, quality))
 
 
@@ -370,7 +389,7 @@ def plan(
     compression: Named | CompressionCurve = "default",
     training: Named | TrainingProfile | None = None,
     bpb_tolerance: float | None = None,
-    cap_batch: bool = False,
+    cap_batch: bool = True,
     **settings: Any,
 ) -> Deployment:
     """The best single V and nested heads for ``workload`` at one ``lam`` (``plan.make_plan``).

@@ -16,9 +16,11 @@ element, N_nv non-embedding weights.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
-from typing import Literal, NamedTuple
+from collections.abc import Mapping
+from typing import Any, Literal, NamedTuple
 
 import jax.numpy as jnp
 
@@ -97,6 +99,12 @@ MATMULS_PER_LAYER = 4  # QKV, attention output, MLP in (up and gate fused), MLP 
 # the weight, the gradient and both moments and writes the weight and both moments: 8 x 4 bytes.
 OPTIMIZER_BYTES_PER_PARAM = 32.0
 PREFILL_HEAD_OPS = 2  # launches of the prefill's head: the last token's logits and their max
+# the families of priced time that ``CostModel.scaled`` can stretch one by one: the ops of
+# decode, prefill and the training step by name, and "overhead" for kernel launches and host calls
+OP_FAMILIES: tuple[str, ...] = (
+    "embedding", "backbone", "attention", "unembedding", "sampling", "train", "optimizer",
+    "overhead",
+)  # fmt: skip
 
 
 class OpTime(NamedTuple):
@@ -189,6 +197,29 @@ class CostModel:
         self.peak = device.flops(s.weight_dtype) * device.compute_efficiency
         self.bandwidth = device.hbm_bandwidth * device.memory_efficiency
         self.measured_unembed = MeasuredUnembed.from_profile(device, shape.d_model, s.weight_dtype)
+        self.op_scale: Mapping[str, Any] = {}  # family -> time multiplier (see ``scaled``)
+
+    def scaled(self, scales: Mapping[str, Any]) -> CostModel:
+        """This model with the time of each family in ``scales`` (``OP_FAMILIES``) multiplied
+        by its value; values may be traced arrays, so an ensemble of perturbed models is one
+        ``vmap`` over the multipliers (lifecycle's ``v_star_share``)."""
+        unknown = set(scales) - set(OP_FAMILIES)
+        if unknown:
+            raise ValueError(f"unknown op families {sorted(unknown)}; known: {OP_FAMILIES}")
+        out = copy.copy(self)
+        out.op_scale = {**self.op_scale, **scales}
+        return out
+
+    def _times(self, times: Mapping[str, OpTime]) -> dict[str, OpTime]:
+        """``times`` with each family's ``op_scale`` applied."""
+        out = {}
+        for name, t in times.items():
+            k = self.op_scale.get(name)
+            out[name] = t if k is None else OpTime(t.t_math * k, t.t_mem * k, t.t * k, t.measured)
+        return out
+
+    def _overhead(self, seconds):
+        return seconds * self.op_scale.get("overhead", 1.0)
 
     # ---- per-op work -------------------------------------------------------------------------
     @property
@@ -269,10 +300,13 @@ class CostModel:
         t_mem = op.bytes / (self.memory_rate(op.bytes / op.kernels, xp=xp) * scale)
         return OpTime(t_math, t_mem, xp.maximum(t_math, t_mem))
 
-    def _launches(self, n_head_ops: int) -> float:
-        return (self.shape.n_layers * self.settings.launches_per_layer + n_head_ops) * (
+    def _launches(self, n_head_ops: int, calls: float):
+        """Launch overhead of a step with ``n_head_ops`` head kernels, plus ``calls`` host
+        calls' dispatch overhead."""
+        launches = (self.shape.n_layers * self.settings.launches_per_layer + n_head_ops) * (
             self.device.launch_overhead_s
         )
+        return self._overhead(launches + calls * self.device.dispatch_overhead_s)
 
     def decode_times(self, vocab, batch, context, *, xp=jnp) -> dict[str, OpTime]:
         """Per-op times of one decode step; the measured kernel table replaces the roofline of
@@ -286,7 +320,7 @@ class CostModel:
             u = times["unembedding"]
             times["unembedding"] = OpTime(u.t_math, u.t_mem, t, measured=True)
             times["sampling"] = OpTime(0.0 * t, 0.0 * t, 0.0 * t, measured=True)
-        return times
+        return self._times(times)
 
     def decode_head_ops(self) -> int:
         """Kernel launches of a decode step's head: one fused or measured kernel, else the
@@ -296,14 +330,14 @@ class CostModel:
     def decode_step(self, vocab, batch, context, *, xp=jnp):
         """Seconds for one decode step: ops + launches + its share of one host call."""
         times = self.decode_times(vocab, batch, context, xp=xp)
-        dispatch = self.device.dispatch_overhead_s / self.settings.steps_per_call
-        return sum(t.t for t in times.values()) + self._launches(self.decode_head_ops()) + dispatch
+        overhead = self._launches(self.decode_head_ops(), 1.0 / self.settings.steps_per_call)
+        return sum(t.t for t in times.values()) + overhead
 
     def prefill_time(self, vocab, batch, prompt_tokens, *, xp=jnp):
         """Seconds for the prompt pass: ops + launches + one host call."""
         ops = self.prefill_ops(vocab, batch, prompt_tokens)
-        launches = self._launches(PREFILL_HEAD_OPS) + self.device.dispatch_overhead_s
-        return sum(self.op_time(op, xp=xp).t for op in ops.values()) + launches
+        times = self._times({name: self.op_time(op, xp=xp) for name, op in ops.items()})
+        return sum(t.t for t in times.values()) + self._launches(PREFILL_HEAD_OPS, 1.0)
 
     # ---- per-byte costs ---------------------------------------------------------------------
     def beta(self, vocab, *, xp=jnp):
@@ -352,8 +386,9 @@ class CostModel:
 
     def train_step(self, vocab, tokens, *, xp=jnp):
         """Seconds for one optimizer step over ``tokens`` tokens: its ops plus one host call."""
-        ops = self.train_ops(vocab, tokens).values()
-        return sum(self.op_time(op, xp=xp).t for op in ops) + self.device.dispatch_overhead_s
+        ops = self.train_ops(vocab, tokens)
+        times = self._times({name: self.op_time(op, xp=xp) for name, op in ops.items()})
+        return sum(t.t for t in times.values()) + self._overhead(self.device.dispatch_overhead_s)
 
     def c_train(self, vocab, *, xp=jnp):
         """Seconds per training byte: measured s/token when a training profile has it, else one

@@ -209,6 +209,20 @@ class DeviceProfile:
                 where=f"device {self.name!r} {field}",
                 maximum=MAX_FITTED_EFFICIENCY,
             )
+        if self.calibration is not None and "log_residual_sd" in self.calibration:
+            positive_number(
+                self.calibration["log_residual_sd"],
+                where=f"device {self.name!r} calibration.log_residual_sd",
+                allow_zero=True,
+            )
+
+    @property
+    def residual_sd(self) -> float | None:
+        """The calibration's spread of log(predicted / measured) on its fit points (what the
+        V* ensemble draws from), or None for a profile that was never calibrated."""
+        if self.calibration is None or "log_residual_sd" not in self.calibration:
+            return None
+        return float(self.calibration["log_residual_sd"])
 
     def kind_efficiency(self, kind: str) -> float:
         """The multiplier of the rates for an op of ``kind`` (costmodel.Op.kind)."""

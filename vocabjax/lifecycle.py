@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from vocabjax.costmodel import CostModel
+from vocabjax.costmodel import OP_FAMILIES, CostModel
 from vocabjax.errors import UserError
 from vocabjax.trainprofile import TrainingProfile
 
@@ -31,6 +31,13 @@ DEFAULT_LAM: tuple[float, ...] = (0.0, 1.0, 10.0, 100.0, 1000.0)
 KV_REFERENCE_VOCAB = 32768  # "by how much a larger V raises the batch that fits": against 32k
 NO_VOCAB = 0  # the V* of a point where no V is allowed or fits: no vocabulary size, no index
 BYTES_PER_POINT = 16  # f32 objective plus temporaries, per (V, B, lambda) point
+DEFAULT_TOLERANCE = 0.01  # the V* band: every V whose J is within 1% of J at V*
+FINE_PER_OCTAVE = 16  # sizes per doubling of V on the band's grid (steps of about 4.4%)
+FINE_ROUND = 128  # band sizes are multiples of 128, as vocabularies are padded for the matmul
+N_DRAWS = 256  # perturbed profiles of the v_star_share ensemble (shares in steps of 1/256)
+MIN_DRAWS = 16  # fewer than this and the share is not reported
+DRAW_CHUNK = 32  # draws evaluated together (vmapped) inside the one call
+ENSEMBLE_SEED = 0  # the ensemble's draws are the same on every run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +108,23 @@ class SweepResult:
     v_infer: np.ndarray  # [B] int64 size argmin_V c_infer (lambda -> infinity), or NO_VOCAB
     v_train: int  # size argmin_V c_train over the allowed V (lambda = 0), or NO_VOCAB
     break_even: np.ndarray  # [V, B] lambda at which V beats v_train (inf: never)
+    capped: bool = True  # B was capped at b_max (batch_eff); else costed however much it needs
+    tolerance: float = DEFAULT_TOLERANCE  # relative J of the band
+    fine_vocab: tuple[int, ...] = ()  # the band's grid
+    v_low: np.ndarray | None = None  # [B, lam] smallest V of the band (NO_VOCAB: not found)
+    v_high: np.ndarray | None = None  # [B, lam] largest V of the band
+    v_star_share: np.ndarray | None = None  # [V, B, lam] share of ensemble draws picking V
+    share_note: str = ""  # what v_star_share is, or why it is None
+
+    @property
+    def fits(self) -> np.ndarray:
+        """[V, B] bool: the asked batch B fits in device memory at V (KV cache and weights)."""
+        return np.asarray(self.grid.batch)[None, :] <= self.b_max[:, None]
+
+    @property
+    def batch_capped(self) -> np.ndarray:
+        """[V, B] bool: B was costed at a smaller batch, the largest that fits."""
+        return self.batch_eff < np.asarray(self.grid.batch)[None, :]
 
     @property
     def found(self) -> np.ndarray:
@@ -129,9 +153,17 @@ def _memory_budget() -> float:
     return 0.5 * total
 
 
+def _base_bytes(grid: Grid) -> float:
+    """Memory of one sweep's objective on its grid and on the band's fine grid."""
+    fine = len(fine_vocab(grid.vocab))
+    return (len(grid.vocab) + fine) * len(grid.batch) * len(grid.lam) * BYTES_PER_POINT
+
+
 def check_grid_fits(grid: Grid, *, budget_bytes: float | None = None) -> None:
+    """One error where the grid's objective would not fit in this machine's memory (the
+    ensemble of ``v_star_share`` shrinks to what is left instead)."""
     budget = _memory_budget() if budget_bytes is None else budget_bytes
-    need = grid.points * BYTES_PER_POINT
+    need = _base_bytes(grid)
     if need > budget:
         raise UserError(
             f"a grid of {grid.points:,} points needs about {need / 1024**3:.1f} GiB, over the "
@@ -172,50 +204,119 @@ def break_even(d_train, d_infer):
     return jnp.where(d_train <= 0, 0.0, jnp.where(d_infer > 0, d_train / safe, jnp.inf))
 
 
+def fine_vocab(vocab: Sequence[int]) -> tuple[int, ...]:
+    """The V* band's grid: ``vocab`` itself and ``FINE_PER_OCTAVE`` log-spaced sizes per octave
+    between its ends, rounded to a multiple of ``FINE_ROUND`` (as vocabularies are padded for the
+    matmul) where that leaves them inside the range."""
+    vocab = sorted(set(int(v) for v in vocab))
+    lo, hi = vocab[0], vocab[-1]
+    out = set(vocab)
+    if hi > lo:
+        n = math.ceil(math.log2(hi / lo) * FINE_PER_OCTAVE)
+        for k in range(1, n):
+            x = lo * (hi / lo) ** (k / n)
+            step = FINE_ROUND if x >= 8 * FINE_ROUND else 1
+            out.add(min(max(int(round(x / step)) * step, lo), hi))
+    return tuple(sorted(out))
+
+
+def ensemble_draws(model: CostModel, grid: Grid, budget_bytes: float | None = None) -> int:
+    """How many perturbed profiles the ``v_star_share`` ensemble draws: ``N_DRAWS``, fewer where
+    the grid is so large that their objectives would not fit the memory budget, 0 without a
+    calibration to draw from."""
+    if model.device.residual_sd is None:
+        return 0
+    budget = _memory_budget() if budget_bytes is None else budget_bytes
+    left = budget - _base_bytes(grid)
+    per_draw = grid.points * (1 + BYTES_PER_POINT * DRAW_CHUNK / N_DRAWS)
+    return int(min(N_DRAWS, max(0.0, left / per_draw)))
+
+
+def share_note(model: CostModel, draws: int) -> str:
+    """What ``v_star_share`` is for ``model``'s device, or why it is null."""
+    sd = model.device.residual_sd
+    if sd is None:
+        return (
+            f"{model.device.name} is not calibrated: no residual spread to draw profiles from "
+            "(validate --fit calibrates one)"
+        )
+    if draws < MIN_DRAWS:
+        return f"the grid is too large for an ensemble of {MIN_DRAWS} or more profiles"
+    return (
+        f"share of {draws} profiles, each op family's time scaled by exp(N(0, {sd:.3g}^2)), "
+        "the calibration's log residual spread, that pick each V"
+    )
+
+
 def _objective_fn(model: CostModel, *, cap_batch: bool, quality: Quality | None):
     """The jitted whole-grid function (closing over the static model)."""
 
-    def infer_point(v, b):
+    def infer_point(m: CostModel, v, b):
         """c_infer at one (V, B), the batch actually run, and the unembedding's bound."""
-        cost, b_run, b_safe = served_cost(model, v, b, cap_batch=cap_batch)
-        u = model.decode_times(v, b_safe, model.mean_context(v))["unembedding"]
+        cost, b_run, b_safe = served_cost(m, v, b, cap_batch=cap_batch)
+        u = m.decode_times(v, b_safe, m.mean_context(v))["unembedding"]
         return cost, b_run, u.t_math >= u.t_mem
 
     def objective(c_train, c_infer, lam):
         """J at one (V, B, lambda); lambda = 0 is training alone, whatever serving costs."""
         return jnp.where(lam > 0, c_train + lam * c_infer, c_train)
 
-    over_b = jax.vmap(infer_point, in_axes=(None, 0))
-    over_vb = jax.vmap(over_b, in_axes=(0, None))
     j_over_lam = jax.vmap(objective, in_axes=(None, None, 0))
     j_over_blam = jax.vmap(j_over_lam, in_axes=(None, 0, None))
     j_grid = jax.vmap(j_over_blam, in_axes=(0, 0, None))
 
-    def run(v, valid, b, lam):
-        c_train = jax.vmap(model.c_train)(v)
-        c_infer, b_run, compute_bound = over_vb(v, b)
+    def costs(m: CostModel, v, b):
+        """c_train [V], and c_infer, batch run, unembedding compute-bound [V, B]."""
+        over_vb = jax.vmap(jax.vmap(infer_point, (None, None, 0)), (None, 0, None))
+        return (jax.vmap(m.c_train)(v), *over_vb(m, v, b))
+
+    def masked_j(c_train, c_infer, allowed, lam):
+        """J [V, B, lam], inf where V is not allowed."""
+        return jnp.where(allowed[:, None, None], j_grid(c_train, c_infer, lam), jnp.inf)
+
+    def argmin_v(j):
+        """argmin over V of J [V, ...], -1 where every J is inf."""
+        return jnp.where(jnp.isfinite(jnp.min(j, axis=0)), jnp.argmin(j, axis=0), -1)
+
+    sd = model.device.residual_sd
+
+    def v_star_share(v, b, lam, allowed, z):
+        """[V, B, lam] share of the perturbed profiles (one row of ``z`` each, standard normal
+        per op family) whose V* is each V."""
+
+        def draw(zk):
+            scales = dict(zip(OP_FAMILIES, jnp.exp(sd * zk), strict=True))
+            c_train, c_infer, *_ = costs(model.scaled(scales), v, b)
+            return argmin_v(masked_j(c_train, c_infer, allowed, lam))
+
+        picks = jax.lax.map(draw, z, batch_size=DRAW_CHUNK)  # [N, B, lam]
+        hits = picks[None] == jnp.arange(v.shape[0])[:, None, None, None]
+        return jnp.mean(hits, axis=1, dtype=jnp.float32)
+
+    def run(v, valid, b, lam, v_fine, valid_fine, tol, z):
+        c_train, c_infer, b_run, compute_bound = costs(model, v, b)
         allowed = allowed_vocab(quality, v, valid)
-        j = j_grid(c_train, c_infer, lam)  # [V, B, lam]
-        j = jnp.where(allowed[:, None, None], j, jnp.inf)
-        v_star = jnp.argmin(j, axis=0)
+        j = masked_j(c_train, c_infer, allowed, lam)  # [V, B, lam]
+        v_star = argmin_v(j)
         j_star = jnp.min(j, axis=0)
-        v_star = jnp.where(jnp.isfinite(j_star), v_star, -1)
         ci_masked = jnp.where(allowed[:, None], c_infer, jnp.inf)
-        v_infer = jnp.argmin(ci_masked, axis=0)
-        v_infer = jnp.where(jnp.isfinite(jnp.min(ci_masked, axis=0)), v_infer, -1)
+        v_infer = argmin_v(ci_masked)
         ct_masked = jnp.where(allowed, c_train, jnp.inf)
         v_train = jnp.argmin(ct_masked)
         d_infer = c_infer[v_train][None, :] - c_infer
         be = break_even((c_train - c_train[v_train])[:, None], d_infer)
         be = jnp.where(allowed[:, None], be, jnp.inf)
-        b_max = jax.vmap(model.b_max)(v)
-        kv = jax.vmap(model.kv_bytes_per_seq)(v)
-        return dict(
+        # the band: every V of the fine grid whose J is within ``tol`` of J at V*
+        ct_f, ci_f, *_ = costs(model, v_fine, b)
+        j_f = masked_j(ct_f, ci_f, allowed_vocab(quality, v_fine, valid_fine), lam)
+        in_band = jnp.isfinite(j_f) & (j_f <= j_star * (1.0 + tol))
+        v_col = v_fine[:, None, None]
+        out = dict(
             c_train=c_train,
             c_infer=c_infer,
             batch_eff=b_run,
-            b_max=b_max,
-            kv=kv,
+            b_max=jax.vmap(model.b_max)(v),
+            kv=jax.vmap(model.kv_bytes_per_seq)(v),
             allowed=allowed,
             compute_bound=compute_bound,
             v_star=v_star,
@@ -223,8 +324,13 @@ def _objective_fn(model: CostModel, *, cap_batch: bool, quality: Quality | None)
             v_infer=v_infer,
             v_train=v_train,
             break_even=be,
+            v_low=jnp.min(jnp.where(in_band, v_col, jnp.inf), axis=0),
+            v_high=jnp.max(jnp.where(in_band, v_col, -jnp.inf), axis=0),
             j=j,  # [V, B, lam], inf where V is not allowed
         )
+        if z.shape[0]:
+            out["v_star_share"] = v_star_share(v, b, lam, allowed, z)
+        return out
 
     return run
 
@@ -249,15 +355,25 @@ def _jitted(model: CostModel, cap_batch: bool, quality: Quality | None):
     return _COMPILED[key]
 
 
+def no_draws() -> np.ndarray:
+    """The ``z`` of a grid call without an ensemble: no rows."""
+    return np.zeros((0, len(OP_FAMILIES)), np.float32)
+
+
 def sweep(
     model: CostModel,
     grid: Grid = Grid(),
     *,
-    cap_batch: bool = False,
+    cap_batch: bool = True,
     quality: Quality | None = None,
     devices: Sequence[jax.Device] | None = None,
+    tolerance: float = DEFAULT_TOLERANCE,
 ) -> SweepResult:
-    """V*, break-even lambda and the KV plan over ``grid`` in one jitted call."""
+    """V*, its band and ensemble share, break-even lambda and the KV plan over ``grid`` in one
+    jitted call. ``cap_batch``: cost each B at the largest batch that fits (else the roofline
+    of B however much memory it needs); ``tolerance``: relative J of the band around V*."""
+    if not (isinstance(tolerance, int | float) and math.isfinite(tolerance) and tolerance >= 0):
+        raise UserError(f"tolerance must be a finite number >= 0, got {tolerance!r}")
     check_grid_fits(grid)
     devices = list(devices if devices is not None else jax.devices())
     n = len(devices)
@@ -265,26 +381,32 @@ def sweep(
     valid = np.ones(len(v_pad), bool)
     if pad:
         valid[-pad:] = False
+    fine = fine_vocab(grid.vocab)
+    f_pad, pad_f = _pad(fine, n)
+    valid_f = np.ones(len(f_pad), bool)
+    if pad_f:
+        valid_f[-pad_f:] = False
+    draws = ensemble_draws(model, grid)
+    draws = draws if draws >= MIN_DRAWS else 0
+    z = np.random.default_rng(ENSEMBLE_SEED).standard_normal((draws, len(OP_FAMILIES)))
     b = np.asarray(grid.batch, np.float32)
     lam = np.asarray(grid.lam, np.float32)
     fn = _jitted(model, cap_batch, quality)
+    host = (v_pad, valid, b, lam, f_pad, valid_f, np.float32(tolerance), z.astype(np.float32))
     if n > 1:
         mesh = Mesh(np.asarray(devices), ("v",))
         shard = NamedSharding(mesh, PartitionSpec("v"))
         repl = NamedSharding(mesh, PartitionSpec())
-        args = (
-            jax.device_put(v_pad, shard),
-            jax.device_put(valid, shard),
-            jax.device_put(b, repl),
-            jax.device_put(lam, repl),
-        )
+        placement = (shard, shard, repl, repl, shard, shard, repl, repl)
+        args = tuple(jax.device_put(x, p) for x, p in zip(host, placement, strict=True))
     else:
-        args = tuple(jax.device_put(x, devices[0]) for x in (v_pad, valid, b, lam))
+        args = tuple(jax.device_put(x, devices[0]) for x in host)
     out = fn(*args)
     out.pop("j")  # J over the whole grid is for vj.objective; a sweep keeps only its argmin
     out = jax.device_get(out)
     nv = len(grid.vocab)
     allowed = np.asarray(out["allowed"][:nv])
+    share = out.get("v_star_share")
     return SweepResult(
         grid=grid,
         c_train=np.asarray(out["c_train"][:nv], np.float64),
@@ -299,6 +421,21 @@ def sweep(
         v_infer=_sizes(grid, out["v_infer"]),
         v_train=int(_sizes(grid, out["v_train"] if allowed.any() else -1)),
         break_even=np.asarray(out["break_even"][:nv], np.float64),
+        capped=cap_batch,
+        tolerance=float(tolerance),
+        fine_vocab=fine,
+        v_low=_band_edge(out["v_low"]),
+        v_high=_band_edge(out["v_high"]),
+        v_star_share=None if share is None else np.asarray(share[:nv], np.float64),
+        share_note=share_note(model, draws),
+    )
+
+
+def _band_edge(x) -> np.ndarray:
+    """A band edge from the grid function (+-inf: no V in the band) as sizes (``NO_VOCAB``)."""
+    x = np.asarray(x, np.float64)
+    return np.where(np.isfinite(x), np.rint(np.where(np.isfinite(x), x, 0)), NO_VOCAB).astype(
+        np.int64
     )
 
 
@@ -335,6 +472,11 @@ def sweep_rows(model: CostModel, result: SweepResult) -> list[dict]:
                     "infer_cost_per_byte": _finite_or_none(result.c_infer[vi, bi]) if ok else None,
                     "batch_run": float(result.batch_eff[vi, bi]) if ok else None,
                     "b_max": int(result.b_max[vi]) if ok else None,
+                    "fits": bool(result.fits[vi, bi]) if ok else None,
+                    "batch_capped": bool(result.batch_capped[vi, bi]) if ok else None,
+                    "v_low": int(result.v_low[bi, li]) if ok else None,
+                    "v_high": int(result.v_high[bi, li]) if ok else None,
+                    "v_star_share": _shares(result, bi, li) if ok else None,
                     "unembed_bound": (
                         None
                         if not ok
@@ -348,6 +490,23 @@ def sweep_rows(model: CostModel, result: SweepResult) -> list[dict]:
                 }
             )
     return rows
+
+
+def _shares(result: SweepResult, bi: int, li: int) -> list[dict] | None:
+    """The ensemble's picks at one (B, lambda) as ``[{"vocab": V, "share": s}]``, most picked
+    first (V with no pick left out); None without an ensemble."""
+    if result.v_star_share is None:
+        return None
+    col = result.v_star_share[:, bi, li]
+    order = sorted(np.flatnonzero(col > 0), key=lambda i: (-col[i], i))
+    return [{"vocab": result.grid.vocab[i], "share": round(float(col[i]), 6)} for i in order]
+
+
+def share_of_v_star(row: dict) -> float | None:
+    """The ensemble's share for the row's own V* (0 when no draw picked it), or None."""
+    if row["v_star_share"] is None:
+        return None
+    return next((s["share"] for s in row["v_star_share"] if s["vocab"] == row["v_star"]), 0.0)
 
 
 def train_optimal_vocab(result: SweepResult) -> int:

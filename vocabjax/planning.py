@@ -175,6 +175,12 @@ class Plan:
     b_max: np.ndarray  # [V, C] per class settings
     kv_bytes_per_seq: np.ndarray  # [V, C]
     allowed: np.ndarray  # [V]
+    route_b_max: np.ndarray  # [V] largest batch that fits, with the base settings (batch routes)
+    capped: bool = True  # batches costed at the largest that fits (else uncapped roofline)
+
+    def batch_run(self, batch: float, b_max: float) -> float:
+        """The batch a class of ``batch`` is costed at on a head where ``b_max`` fits."""
+        return min(batch, b_max) if self.capped else batch
 
 
 def _class_model(model: CostModel, c: TrafficClass) -> CostModel:
@@ -193,7 +199,7 @@ def make_plan(
     lam: float,
     *,
     max_heads: int = 3,
-    cap_batch: bool = False,
+    cap_batch: bool = True,
     quality: Quality | None = None,
 ) -> Plan:
     """The best single V and nested head set for a mixed workload at one lambda."""
@@ -258,6 +264,7 @@ def make_plan(
             b_max=b_max,
             kv=kv,
             allowed=allowed,
+            route_b_max=jax.vmap(model.b_max)(v),
         )
 
     out = jax.device_get(
@@ -304,6 +311,8 @@ def make_plan(
         b_max=np.asarray(out["b_max"]),
         kv_bytes_per_seq=np.asarray(out["kv"], np.float64),
         allowed=np.asarray(out["allowed"]),
+        route_b_max=np.asarray(out["route_b_max"]),
+        capped=cap_batch,
     )
 
 
@@ -333,10 +342,14 @@ def policy_json(plan: Plan, model: CostModel, *, max_heads: int) -> dict[str, An
     v = plan.vocab
     merged: list[dict] = []
     for b, h in zip(plan.route_batches, plan.batch_routes, strict=True):
+        fits = bool(b <= plan.route_b_max[h])
         if merged and merged[-1]["head"] == v[h]:
             merged[-1]["max_batch"] = b
+            merged[-1]["fits"] = fits  # fits at every batch up to b: the largest decides
         else:
-            merged.append({"max_batch": b, "head": v[h]})
+            merged.append(
+                {"max_batch": b, "head": v[h], "b_max": int(plan.route_b_max[h]), "fits": fits}
+            )
     merged[-1]["max_batch"] = None  # the last head takes every larger batch too
     return {
         "schema": SCHEMA,
@@ -345,6 +358,7 @@ def policy_json(plan: Plan, model: CostModel, *, max_heads: int) -> dict[str, An
         "model": model.shape.name,
         "compression": model.compression.name,
         "cost_model": model.settings.mode,
+        "cap_batch": plan.capped,
         "lam": plan.lam,
         "max_heads": max_heads,
         "single": {"vocab": v[plan.single], "cost_per_byte": plan.single_cost},
@@ -360,6 +374,7 @@ def policy_json(plan: Plan, model: CostModel, *, max_heads: int) -> dict[str, An
                 "infer_cost_per_byte": float(plan.c_infer[plan.routes[j], j]),
                 "b_max": int(plan.b_max[plan.routes[j], j]),
                 "fits": bool(c.batch <= plan.b_max[plan.routes[j], j]),
+                "batch_run": int(plan.batch_run(c.batch, plan.b_max[plan.routes[j], j])),
             }
             for j, c in enumerate(plan.classes)
         ],

@@ -14,7 +14,7 @@ from vocabjax.costmodel import CostModel
 from vocabjax.errors import UserError
 from vocabjax.lifecycle import SweepResult
 from vocabjax.outputs import check_file_target
-from vocabjax.render import human_size
+from vocabjax.render import approx_size, human_size
 
 
 def _pyplot():
@@ -63,13 +63,17 @@ def plot_sweep(
         ax_map.set_yticks(range(len(g.batch)), [str(b) for b in g.batch])
         ax_map.set_xlabel("lambda (bytes served / bytes trained)")
         ax_map.set_ylabel("serving batch B")
-        ax_map.set_title(f"V* on {model.device.name}, {model.shape.name} ({model.settings.mode})")
+        ax_map.set_title(
+            f"V* [band within {100 * res.tolerance:g}% of its J] on {model.device.name}, "
+            f"{model.shape.name} ({model.settings.mode})",
+            fontsize=10,
+        )
         if len(g.lam) * len(g.batch) <= 400:
             for bi in range(len(g.batch)):
                 for li in range(len(g.lam)):
-                    v = v_star[bi, li]
-                    label = "-" if math.isnan(v) else human_size(int(v))
-                    ax_map.text(li, bi, label, ha="center", va="center", color="w", fontsize=8)
+                    light = res.found[bi, li] and im.norm(np.log2(v_star[bi, li])) > 0.7
+                    ax_map.text(li, bi, _cell_label(res, bi, li), ha="center", va="center",
+                                color="k" if light else "w", fontsize=7)  # fmt: skip
         cbar = fig.colorbar(im, ax=ax_map)
         cbar.set_label("log2 V*")
         fits = np.isfinite(res.c_infer)  # inf: that batch does not fit at that V
@@ -90,6 +94,16 @@ def plot_sweep(
                          ha="center", va="center", transform=ax_cost.transAxes)  # fmt: skip
         ax_cost.grid(True, which="both", alpha=0.3)
     return _finish(fig, path, caption)
+
+
+def _cell_label(res: SweepResult, bi: int, li: int) -> str:
+    """V* over its band (``64k`` / ``45.2k-123k``), * where the batch was capped."""
+    if not res.found[bi, li]:
+        return "-"
+    vi = res.index(int(res.v_star[bi, li]))
+    mark = "*" if res.batch_capped[vi, bi] else "" if res.fits[vi, bi] else "!"
+    low, high = approx_size(int(res.v_low[bi, li])), approx_size(int(res.v_high[bi, li]))
+    return f"{human_size(int(res.v_star[bi, li]))}{mark}\n{low}-{high}"
 
 
 def plot_serve(result, path: str | os.PathLike, *, caption: str = "") -> Path:

@@ -22,6 +22,28 @@ def human_size(n: int) -> str:
     return str(n)
 
 
+def approx_size(n: int) -> str:
+    """``human_size`` where exact, else three digits: 46336 -> '45.2k', 1400000 -> '1.34m'."""
+    n = int(n)
+    exact = human_size(n)
+    if exact != str(n) or n < 1024:
+        return exact
+    div, suffix = (1024**2, "m") if n >= 1024**2 else (1024, "k")
+    return f"{n / div:.3g}{suffix}"
+
+
+def v_star_cell(row: Mapping[str, Any], *, share: float | None = None) -> str:
+    """A sweep row's V* as ``64k [45.2k..123k]*``: V*, its band, * where B was capped at what
+    fits (! where B does not fit and was not capped), and the ensemble's ``share`` if given."""
+    if row["v_star"] is None:
+        return "-"
+    mark = "*" if row["batch_capped"] else "" if row["fits"] else "!"
+    cell = (
+        f"{approx_size(row['v_star'])} [{approx_size(row['v_low'])}..{approx_size(row['v_high'])}]"
+    )
+    return cell + mark + ("" if share is None else f" {100 * share:.0f}%")
+
+
 def fmt_value(value: Any) -> str:
     if value is None:
         return "-"
