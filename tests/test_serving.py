@@ -5,6 +5,7 @@ by --head and by a policy's batch routes, and each bad run or prompt as one User
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import jax
@@ -250,4 +251,20 @@ def test_head_choice_by_option_and_by_policy(tmp_path):
     assert load_policy(path) == [(4, 300), (None, 500)]
     path.write_text('{"schema": 1, "kind": "policy", "batch_routes": [{"head": "x"}]}')
     with pytest.raises(UserError, match=r"batch_routes\[0\].head must be a positive integer"):
+        load_policy(path)
+
+
+def test_a_policy_plan_writes_loads_with_its_fit_flags(tmp_path):
+    from vocabjax.api import plan
+
+    dep = plan(workload="e:b=1:share=0.5,dc:b=1024:share=0.5", lam=100, device="l4",
+               model="llama-8b")  # fmt: skip
+    assert any(not r["fits"] for r in dep.policy["batch_routes"])  # 1024 rows of 8B on 24 GB
+    path = dep.save(tmp_path / "policy.json")
+    routes = load_policy(path)
+    assert routes == [(r["max_batch"], r["head"]) for r in dep.policy["batch_routes"]]
+    bad = json.loads(path.read_text())
+    bad["batch_routes"][0]["fits"] = "yes"
+    path.write_text(json.dumps(bad))
+    with pytest.raises(UserError, match=r"batch_routes\[0\].fits must be true or false"):
         load_policy(path)

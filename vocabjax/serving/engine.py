@@ -169,8 +169,10 @@ class HeadChoice:
 
 def load_policy(path: str | Path) -> list[tuple[int | None, int]]:
     """The ``batch_routes`` of a policy written by ``plan --out``: (max_batch or None, head)
-    pairs in increasing max_batch, None (every larger batch) last. The policy's other fields
-    are ``plan``'s record of how it decided and are not read."""
+    pairs in increasing max_batch, None (every larger batch) last. A route's ``b_max`` and
+    ``fits`` (whether its batches fit beside its head on the planned device) are checked but not
+    acted on: the engine's own batch limit decides here. The policy's other fields are
+    ``plan``'s record of how it decided and are not read."""
     data = load_json(path, POLICY_KIND)
     where = f"policy {str(path)!r}"
     require(data, ("batch_routes",), where=where)
@@ -178,8 +180,12 @@ def load_policy(path: str | Path) -> list[tuple[int | None, int]]:
     out: list[tuple[int | None, int]] = []
     for i, r in enumerate(routes):
         at = f"{where}: batch_routes[{i}]"
-        closed(an_object(r, where=at), ("max_batch", "head"), where=at)
+        closed(an_object(r, where=at), ("max_batch", "head", "b_max", "fits"), where=at)
         require(r, ("head",), where=at)
+        if "b_max" in r:
+            integer(r["b_max"], where=f"{at}.b_max", minimum=0)
+        if "fits" in r and not isinstance(r["fits"], bool):
+            raise UserError(f"{at}.fits must be true or false, got {r['fits']!r}")
         head = integer(r["head"], where=f"{at}.head", maximum=VOCAB_MAX)
         bound = r.get("max_batch")
         if bound is not None:
