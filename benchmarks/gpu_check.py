@@ -5,7 +5,7 @@
 
 1. ``pallas_kernels.selfcheck.run_all``: every Pallas kernel compiled for this device (the
    interpreter on CPU) against its pure-jnp reference.
-2. The public ops with ``impl="pallas"`` against ``impl="xla"`` at the issue's odd shapes
+2. The public ops with ``impl="pallas"`` against ``impl="xla"`` at ragged shapes
    (V = 50,257, D = 768, B in 1, 3, 513; f32 and bf16): greedy ids' logits, logsumexp, top-k
    values, the sample (identical), cross-entropy loss and gradients.
 3. ``autotune`` on a small grid (V in {32k, 131k}, B in {1, 16, 256}, D = 768, bf16; greedy and

@@ -1,9 +1,9 @@
 """Check every Pallas kernel against its pure-jnp reference at a few shapes.
 
 ``run_all(interpret=False)`` is what ``benchmarks/gpu_check.py`` calls on a GPU (compiled Triton
-kernels at the issue's shapes); ``run_all(interpret=True)`` runs small shapes through the
-interpreter on CPU. A kernel that fails to lower or run gives a row with ``ok=False`` and the
-error, so one broken kernel does not hide the others.
+kernels at GPT-2's odd vocabulary and larger shapes); ``run_all(interpret=True)`` runs small
+shapes through the interpreter on CPU. A kernel that fails to lower or run gives a row with
+``ok=False`` and the error, so one broken kernel does not hide the others.
 
 Tolerances (as in the tests): float32 results within 1e-5 (abs + rel) of the HIGHEST f32 reference,
 bf16 within 1e-4; gradients within 1e-5 (f32) or 2^-8 (bf16) of the array's scale (the kernel rounds
@@ -34,7 +34,7 @@ from pallas_kernels.tiled_decode import TiledBlocks, tiled_decode
 VALUE_TOL = {"float32": 1e-5, "bfloat16": 1e-4}  # as in the kernel tests
 GRAD_TOL = {"float32": 1e-5, "bfloat16": 2.0**-8}
 
-# (B or N, V, D) per kernel: the issue's shapes on GPU, small ragged ones in the interpreter.
+# (B or N, V, D) per kernel: GPT-2's odd V = 50,257 on GPU, small ragged ones in the interpreter.
 GPU_SHAPES = {
     "fused_decode": [(1, 50257, 768), (3, 50257, 768), (37, 1000, 100)],
     "tiled_decode": [(513, 50257, 768), (64, 32000, 4096)],

@@ -240,7 +240,7 @@ class FusedDecodeTestBase(DecodeKernelTestBase):
 
 
 class TiledDecodeTestBase(DecodeKernelTestBase):
-    # Large batch (B = 513 straddles batch tiles) on the issue's shape, plus B = 3 and small.
+    # Large batch (B = 513 straddles batch tiles) at GPT-2's V = 50,257, plus B = 3 and small.
     CASES = [
         ((513, 50257, 768), F32),
         ((3, 50257, 768), BF16),

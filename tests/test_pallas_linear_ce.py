@@ -25,7 +25,7 @@ FWD_TOL = {jnp.float32: (1e-5, 1e-5), jnp.bfloat16: (1e-4, 1e-4)}
 # so allow one bf16 ulp (2^-8).
 GRAD_TOL = {jnp.float32: (1e-5, 1e-5), jnp.bfloat16: (2.0**-8, 2.0**-8)}
 
-# (N, V, D), dtype: the issue's odd vocabulary at N = 3 (bf16) and 513 (f32), a small ragged
+# (N, V, D), dtype: GPT-2's odd vocabulary (50,257) at N = 3 (bf16) and 513 (f32), a small ragged
 # shape in both dtypes, and a vocabulary the tiles divide (unmasked loads of W), with d_model
 # divided too (f32) or ragged (bf16).
 CASES = [

@@ -12,7 +12,6 @@ through ``impl="pallas"`` with ``INTERPRET = True`` on CPU (``False`` on a GPU r
 from __future__ import annotations
 
 import functools
-import importlib.util
 
 import jax
 import jax.numpy as jnp
@@ -39,10 +38,6 @@ TOL = {
     np.dtype(jnp.bfloat16): (2**-8, 2**-8),
 }
 
-HAS_PALLAS = all(
-    importlib.util.find_spec(f"pallas_kernels.{m}") is not None
-    for m in ("fused_decode", "tiled_decode", "fused_topk", "linear_ce")
-)
 ON_CPU = jax.default_backend() == "cpu"
 
 
@@ -458,7 +453,6 @@ class TestChunked(Base):
             assert_close(dw, want_dw, dtype=dw.dtype, scale=np.abs(want_dw).max(), what="dw")
 
 
-@pytest.mark.skipif(not HAS_PALLAS, reason="pallas_kernels decode/top-k/CE files not there yet")
 class TestPallas(Base):
     IMPL = "pallas"
     INTERPRET = ON_CPU
@@ -535,14 +529,8 @@ def temp_bytes(op: str, impl: str) -> int:
     [
         ("greedy", "chunked"),
         ("linear_cross_entropy", "chunked"),
-        pytest.param(
-            "greedy", "pallas", marks=pytest.mark.skipif(not HAS_PALLAS, reason="no kernels")
-        ),
-        pytest.param(
-            "linear_cross_entropy",
-            "pallas",
-            marks=pytest.mark.skipif(not HAS_PALLAS, reason="no kernels"),
-        ),
+        ("greedy", "pallas"),
+        ("linear_cross_entropy", "pallas"),
     ],
 )
 def test_temporary_memory_of_fused_paths_is_a_tenth_of_xla(op, impl):

@@ -380,7 +380,8 @@ def candidates(
 
 
 def _pallas_candidates(op, vocab, batch, d_model, dtype, *, interpret) -> list[Candidate]:
-    import importlib.util
+    """Every block configuration the op's Pallas kernels offer for this point."""
+    import importlib
 
     modules = {
         "linear_cross_entropy": [("linear_ce", "CEBlocks")],
@@ -388,18 +389,8 @@ def _pallas_candidates(op, vocab, batch, d_model, dtype, *, interpret) -> list[C
     }.get(op, [("fused_decode", "DecodeBlocks"), ("tiled_decode", "TiledBlocks")])
     out = []
     for mod_name, cls_name in modules:
-        if importlib.util.find_spec(f"pallas_kernels.{mod_name}") is None:
-            continue
-        mod = __import__(f"pallas_kernels.{mod_name}", fromlist=[cls_name])
-        cls = getattr(mod, cls_name, None)
-        if cls is None:
-            out.append(Candidate("pallas", None, interpret))
-            continue
-        found = (
-            cls.candidates(batch, vocab, d_model, dtype)
-            if hasattr(cls, "candidates")
-            else (cls.default(batch, vocab, d_model, dtype),)
-        )
+        cls = getattr(importlib.import_module(f"pallas_kernels.{mod_name}"), cls_name)
+        found = cls.candidates(batch, vocab, d_model, dtype)
         out.extend(Candidate("pallas", b, interpret) for b in found)
     return out
 
