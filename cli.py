@@ -538,8 +538,18 @@ def plan(devices, models, vocab, workload, lam, max_heads, out, fmt, **kw):
         f"\nbreak-even lambda against the training optimum {hs(policy['train_optimal_vocab'])} "
         "(mixed workload) and KV-cache plan"
     )
-    be = {r["vocab"]: r["lam"] for r in policy["break_even"]}
-    emit(render.rows([{**r, "break_even_lam": be[r["vocab"]]} for r in policy["kv_plan"]], fmt))
+    be = {r["vocab"]: "never" if r["lam"] is None else r["lam"] for r in policy["break_even"]}
+    kv = [
+        {
+            "vocab": r["vocab"],
+            "b_max": r["b_max"],
+            "kv_bytes_per_seq": r["kv_bytes_per_seq"],
+            f"gain_vs_{render.human_size(r['reference_vocab'])}": r["gain"],
+            "break_even_lam": be[r["vocab"]],
+        }
+        for r in policy["kv_plan"]
+    ]
+    emit(render.rows(kv, fmt))
     heads = policy["heads"]
     emit(f"\ndecode step per op at {hs(heads[-1])}, B={classes[-1].batch}")
     emit(render.rows(cm.breakdown(heads[-1], classes[-1].batch), fmt))

@@ -316,7 +316,7 @@ def served_run(tmp_path_factory):
     policy = base / "policy.json"
     outputs.atomic_write_json(
         policy,
-        {"schema": 1, "kind": "policy", "batch_routes": [{"max_batch": None, "head": 500}]},
+        {"schema": 2, "kind": "policy", "batch_routes": [{"max_batch": None, "head": 500}]},
     )
     return make_run(base), policy
 

@@ -98,7 +98,7 @@ def test_policy_json_routes_every_batch():
     cm = _model()
     p = make_plan(cm, DEFAULT_VOCAB, parse_workload(WORKLOAD), 100.0)
     pol = policy_json(p, cm, max_heads=3)
-    assert pol["schema"] == 1 and pol["kind"] == "policy"
+    assert pol["schema"] == 2 and pol["kind"] == "policy"
     assert set(r["head"] for r in pol["batch_routes"]) <= set(pol["heads"])
     assert pol["batch_routes"][-1]["max_batch"] is None
     maxes = [r["max_batch"] for r in pol["batch_routes"][:-1]]
@@ -107,9 +107,10 @@ def test_policy_json_routes_every_batch():
     for r in pol["routes"]:
         assert r["head"] in pol["heads"]
     assert [r["vocab"] for r in pol["kv_plan"]] == list(DEFAULT_VOCAB)
-    assert any(r["lam"] == "never" for r in pol["break_even"]) or all(
-        isinstance(r["lam"], float) for r in pol["break_even"]
-    )
+    assert all(r["lam"] is None or isinstance(r["lam"], float) for r in pol["break_even"])
+    assert any(r["lam"] is None for r in pol["break_even"])  # some V is never worth it here
+    assert {r["reference_vocab"] for r in pol["kv_plan"]} == {32768}
+    assert [r["gain"] for r in pol["kv_plan"] if r["vocab"] == 32768] == [1.0]
 
 
 def test_lambda_zero_plan_is_the_training_optimum():

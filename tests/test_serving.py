@@ -268,3 +268,14 @@ def test_a_policy_plan_writes_loads_with_its_fit_flags(tmp_path):
     path.write_text(json.dumps(bad))
     with pytest.raises(UserError, match=r"batch_routes\[0\].fits must be true or false"):
         load_policy(path)
+
+
+def test_policy_schema_1_still_loads_and_an_unknown_schema_is_refused(tmp_path):
+    path = tmp_path / "policy.json"
+    old = {"schema": 1, "kind": "policy", "break_even": [{"vocab": 512, "lam": "never"}],
+           "batch_routes": [{"max_batch": None, "head": 500}]}  # fmt: skip
+    path.write_text(json.dumps(old))
+    assert load_policy(path) == [(None, 500)]
+    path.write_text(json.dumps({**old, "schema": 3}))
+    with pytest.raises(UserError, match="schema 3 is not supported .vocabjax reads 1 or 2."):
+        load_policy(path)

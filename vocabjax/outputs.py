@@ -28,7 +28,16 @@ from typing import IO, Any
 
 from vocabjax.errors import UserError
 
-SCHEMA = 1
+SCHEMA = 1  # of every profile, except where a kind has moved on (KIND_SCHEMAS)
+# kind -> the schemas a reader accepts, newest (the one written) last. Policy 2: a break-even
+# that never comes is null (as in sweep's JSON), and the KV plan's gain has a fixed key.
+KIND_SCHEMAS: dict[str, tuple[int, ...]] = {"policy": (1, 2)}
+
+
+def schemas(kind: str) -> tuple[int, ...]:
+    """The schemas of ``kind`` vocabjax reads; the last is the one it writes."""
+    return KIND_SCHEMAS.get(kind, (SCHEMA,))
+
 
 _umask_lock = threading.Lock()
 
@@ -263,8 +272,8 @@ def dumps(obj: Mapping[str, Any]) -> str:
 
 def atomic_write_json(path: str | os.PathLike, obj: Mapping[str, Any]) -> Path:
     """Write a profile dict (which must hold ``schema`` and ``kind``) atomically."""
-    if obj.get("schema") != SCHEMA or "kind" not in obj:
-        raise ValueError("a profile needs 'schema': 1 and a 'kind'")
+    if "kind" not in obj or obj.get("schema") != schemas(obj["kind"])[-1]:
+        raise ValueError("a profile needs a 'kind' and the newest 'schema' of that kind")
     return atomic_write_text(path, dumps(obj))
 
 

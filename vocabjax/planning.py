@@ -35,7 +35,7 @@ from vocabjax.lifecycle import (
     break_even,
     served_cost,
 )
-from vocabjax.profiles import SCHEMA
+from vocabjax.outputs import schemas
 from vocabjax.units import BATCH_RANGE, BYTES_MAX, parse_size, quote_input
 
 MAX_SUBSETS = 200_000
@@ -316,8 +316,9 @@ def make_plan(
     )
 
 
-def _lam_json(x: float) -> float | str:
-    return "never" if not math.isfinite(x) else float(x)
+def _lam_json(x: float) -> float | None:
+    """A break-even lambda for JSON: None (null) where it never comes, as in sweep's JSON."""
+    return float(x) if math.isfinite(x) else None
 
 
 def kv_plan_rows(vocab: Sequence[int], b_max: np.ndarray, kv_bytes: np.ndarray) -> list[dict]:
@@ -331,7 +332,8 @@ def kv_plan_rows(vocab: Sequence[int], b_max: np.ndarray, kv_bytes: np.ndarray) 
                 "vocab": v,
                 "b_max": int(b_max[i]),
                 "kv_bytes_per_seq": float(kv_bytes[i]),
-                f"gain_vs_{vocab[ref]}": gain,
+                "reference_vocab": vocab[ref],
+                "gain": gain,  # b_max over b_max at reference_vocab
             }
         )
     return rows
@@ -352,7 +354,7 @@ def policy_json(plan: Plan, model: CostModel, *, max_heads: int) -> dict[str, An
             )
     merged[-1]["max_batch"] = None  # the last head takes every larger batch too
     return {
-        "schema": SCHEMA,
+        "schema": schemas(POLICY_KIND)[-1],
         "kind": POLICY_KIND,
         "device": model.device.name,
         "model": model.shape.name,

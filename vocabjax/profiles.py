@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from vocabjax.errors import UserError
-from vocabjax.outputs import SCHEMA
+from vocabjax.outputs import SCHEMA, schemas
 from vocabjax.units import VOCAB_RANGE
 
 __all__ = [
@@ -224,9 +224,11 @@ def check_profile(data: Any, kind: str, *, where: str) -> dict[str, Any]:
     """Check ``schema`` and ``kind`` of an already parsed profile."""
     if not isinstance(data, dict):
         raise UserError(f"{where}: a {kind} profile must be a JSON object")
-    if data.get("schema") != SCHEMA:
+    known = schemas(kind)
+    if data.get("schema") not in known:
+        reads = " or ".join(map(str, known))
         raise UserError(
-            f"{where}: schema {show(data.get('schema'))} is not supported (vocabjax reads {SCHEMA})"
+            f"{where}: schema {show(data.get('schema'))} is not supported (vocabjax reads {reads})"
         )
     if data.get("kind") != kind:
         raise UserError(
