@@ -60,6 +60,22 @@ from vocabjax.units import (
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
+# library setting -> the flag that sets it, where the two are not spelled alike
+_FLAGS = {
+    "shape": "--model",
+    "corpus.spec": "--corpus",
+    "run_dir": "--out",
+}
+
+
+def flag(setting: str) -> str:
+    """The command-line flag of a library setting (``max_new_tokens`` -> ``--max-new-tokens``,
+    corpus fields by their own name), as error messages name it."""
+    if setting in _FLAGS:
+        return _FLAGS[setting]
+    return "--" + setting.removeprefix("corpus.").replace("_", "-")
+
+
 class _Group(click.Group):
     """A click group that turns the library's UserError into one ``Error: ...`` line."""
 
@@ -67,7 +83,7 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except UserError as exc:
-            raise click.ClickException(str(exc)) from None
+            raise click.ClickException(exc.render(flag)) from None
         except OSError as exc:  # a file-system failure no check foresaw: still one line
             where = f" {exc.filename!r}" if exc.filename else ""
             raise click.ClickException(f"cannot access{where}: {exc.strerror or exc}") from None
@@ -982,42 +998,17 @@ def train_command(ctx, out, resume, fmt, **options):
     """
     from click.core import ParameterSource
 
-    from vocabjax.train import CorpusSpec, RunConfig, resume_config, train
-    from vocabjax.train.config import default_max_bytes, default_warmup
+    from vocabjax.train import RunConfig, resume_config, train
 
     if options["tokenizer"] is not None:
         options["tokenizer"] = str(Path(options["tokenizer"]).absolute())
     options["heads"] = tuple(sorted(options["heads"]))
-    if resume:
-        given = {
-            _TRAIN_FIELDS[name]: load_shape(value) if name == "model" else value
-            for name, value in options.items()
-            if ctx.get_parameter_source(name) != ParameterSource.DEFAULT
-        }
-        config = resume_config(out, given)
-    else:
-        steps = options["steps"]
-        config = RunConfig(
-            shape=load_shape(options["model"]),
-            heads=options["heads"],
-            tokenizer=options["tokenizer"],
-            corpus=CorpusSpec(
-                spec=options["corpus_spec"],
-                field=options["field"],
-                held_out=options["held_out"],
-                max_bytes=options["max_bytes"] or default_max_bytes(options["corpus_spec"]),
-            ),
-            steps=steps,
-            seq_len=options["seq_len"],
-            batch=options["batch"],
-            lr=options["lr"],
-            warmup=default_warmup(steps) if options["warmup"] is None else options["warmup"],
-            seed=options["seed"],
-            impl=options["impl"],
-            eval_tokens=options["eval_tokens"],
-            checkpoint_every=options["checkpoint_every"],
-            compute_dtype=options["compute_dtype"],
-        )
+    settings = {
+        _TRAIN_FIELDS[name]: load_shape(value) if name == "model" else value
+        for name, value in options.items()
+        if not resume or ctx.get_parameter_source(name) != ParameterSource.DEFAULT
+    }
+    config = resume_config(out, settings) if resume else RunConfig.from_settings(settings)
     result = train(config, out, resume=resume, progress=log)
     if fmt == "json":
         emit(render.json_text(result.to_json()))

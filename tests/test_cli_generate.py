@@ -37,7 +37,7 @@ def test_json_output_for_a_batch(run_dir):
         assert c["stop"] in ("eos", "max_new_tokens")
     timing = data["timing"]
     assert timing["batch"] == 2 and timing["prefill_ms"] > 0 and timing["bucket"] == 16
-    assert "head 300 (--head)" in result.stderr and "tokens/s" in result.stderr
+    assert "head 300 (asked for)" in result.stderr and "tokens/s" in result.stderr
 
 
 def test_table_csv_and_markdown(run_dir):

@@ -48,7 +48,7 @@ def trained(tmp_path_factory, model_file):
 
 def test_train_writes_a_profile_that_sweep_reads(trained):
     out, data, log = trained
-    assert "no --tokenizer: training a nested BPE at 300, 400" in log
+    assert "no tokenizer given: training a nested BPE at 300, 400" in log
     assert "step 4/4" in log and "tok/s" in log and "eta" in log
     assert (out / "tokenizer" / "manifest.json").is_file()
     assert data["kind"] == "train" and data["step"] == 4

@@ -194,7 +194,7 @@ def test_thresholds_come_from_held_out_bpb_or_the_user(tmp_path):
     assert (t.high, t.low) == (4.0, pytest.approx(1.8)) and t.source.startswith("high given")
     assert derive_thresholds(None) is None  # the controller is off
     assert derive_thresholds(None, high=3.0, low=1.0).source == "given"
-    with pytest.raises(UserError, match="--bpb-high given without --bpb-low"):
+    with pytest.raises(UserError, match="bpb_high given without bpb_low"):
         derive_thresholds(None, high=3.0)
     with pytest.raises(UserError, match="bpb low=3 must be below high=2"):
         derive_thresholds(heldout, high=2.0, low=3.0)

@@ -236,7 +236,7 @@ def test_bad_prompts_are_user_errors(run):
 def test_head_choice_by_option_and_by_policy(tmp_path):
     assert choose_head(HEADS, "auto", batch=1).vocab == 500
     assert choose_head(HEADS, 300, batch=64).vocab == 300
-    with pytest.raises(UserError, match=r"--head 1024 is not one of the run's heads"):
+    with pytest.raises(UserError, match=r"head 1024 is not one of the run's heads"):
         choose_head(HEADS, 1024, batch=1)
     routes = [(1, 256), (16, 300), (None, 4096)]
     picks = {b: choose_head(HEADS, "auto", batch=b, routes=routes) for b in (1, 2, 16, 17)}

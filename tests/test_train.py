@@ -194,7 +194,11 @@ def test_half_then_resume_equals_straight(tmp_path, tok_dir):
 def test_a_fresh_run_refuses_an_existing_run_and_resume_checks_the_config(tmp_path, tok_dir):
     cfg = config(tokenizer=str(tok_dir), steps=2)
     train(cfg, tmp_path / "r", measure=False)
-    with pytest.raises(UserError, match="holds a training run .run.json.; pass --resume"):
+    with pytest.raises(
+        UserError,
+        match="holds a training run .run.json.; pass resume to continue it, or choose another "
+        "run_dir",
+    ):
         train(cfg, tmp_path / "r")
     with pytest.raises(UserError, match="differs from .*: lr: 0.003 != 0.001"):
         train(dataclasses.replace(cfg, lr=1e-3), tmp_path / "r", resume=True)

@@ -258,3 +258,19 @@ def test_suffixed_sizes_snap_only_near_a_power_of_two(n):
     value = parse_size(f"{n}k")
     if value != raw:
         assert value & (value - 1) == 0 and abs(value - raw) <= 0.03 * value
+
+
+def test_a_user_error_names_a_setting_by_its_library_name_and_the_cli_by_its_flag():
+    import cli
+    from vocabjax.errors import UserError
+
+    exc = UserError(
+        "{resume}: {shape} x differs; lower {lr} or {corpus.field} {max_new_tokens} {other}",
+        settings=["resume", "shape", "lr", "corpus.field", "max_new_tokens"],
+    )
+    assert str(exc) == ("resume: shape x differs; lower lr or corpus.field max_new_tokens {other}")
+    assert exc.render(cli.flag) == (
+        "--resume: --model x differs; lower --lr or --field --max-new-tokens {other}"
+    )
+    plain = UserError("a {brace} stays")
+    assert str(plain) == plain.render(cli.flag) == "a {brace} stays"

@@ -359,7 +359,8 @@ def _read_jsonl(f: io.TextIOWrapper, path: Path, field: str) -> Iterator[str]:
             fields = ", ".join(sorted(record)[:8]) or "none"
             raise UserError(
                 f"{path}:{lineno} has no {field!r} field (fields: {fields}); "
-                "choose one with --field"
+                "choose one with {corpus.field}",
+                settings=["corpus.field"],
             )
         value = record[field]
         if value is None:
@@ -385,7 +386,8 @@ def _read_parquet(path: Path, field: str) -> Iterator[str]:
     if field not in names:
         raise UserError(
             f"{path} has no column {field!r} (columns: {', '.join(names[:8])}); "
-            "choose one with --field"
+            "choose one with {corpus.field}",
+            settings=["corpus.field"],
         )
     for batch in pf.iter_batches(batch_size=1024, columns=[field]):
         for value in batch.column(0).to_pylist():

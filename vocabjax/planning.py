@@ -143,7 +143,8 @@ def subset_masks(n_vocab: int, max_heads: int) -> np.ndarray:
     if count > MAX_SUBSETS:
         raise UserError(
             f"{count:,} head sets of up to {k_max} heads from {n_vocab} vocabularies; "
-            f"the limit is {MAX_SUBSETS:,} (use fewer --vocab values or --max-heads)"
+            f"the limit is {MAX_SUBSETS:,} (use fewer {{vocab}} values or {{max_heads}})",
+            settings=["vocab", "max_heads"],
         )
     masks = np.zeros((count, n_vocab), bool)
     row = 0

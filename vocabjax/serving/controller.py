@@ -95,8 +95,9 @@ def derive_thresholds(
         if high is None or low is None:
             given, missing = ("low", "high") if high is None else ("high", "low")
             raise UserError(
-                f"--bpb-{given} given without --bpb-{missing}, and {where} has no held-out bits "
-                f"per byte (training.json) to derive it from: give both"
+                f"{{bpb_{given}}} given without {{bpb_{missing}}}, and {where} has no held-out "
+                "bits per byte (training.json) to derive it from: give both",
+                settings=[f"bpb_{given}", f"bpb_{missing}"],
             )
         return Thresholds(high=high, low=low, source="given")
     heads = ", ".join(f"{v}: {b:.3f}" for v, b in sorted(heldout.items()))

@@ -219,8 +219,11 @@ def choose_head(
     heads = tuple(sorted(heads))
     if head != "auto":
         if head not in heads:
-            raise UserError(f"--head {head} is not one of the run's heads ({_list(heads)})")
-        return HeadChoice(int(head), f"head {head} (--head)")
+            raise UserError(
+                f"{{head}} {head} is not one of the run's heads ({_list(heads)})",
+                settings=["head"],
+            )
+        return HeadChoice(int(head), f"head {head} (asked for)")
     if routes is None:
         return HeadChoice(heads[-1], f"head auto: the largest of the run's heads ({_list(heads)})")
     i = next((i for i, r in enumerate(routes) if r[0] is None or batch <= r[0]), len(routes) - 1)

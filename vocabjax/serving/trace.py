@@ -189,7 +189,8 @@ def demo_trace(
         if room.max_tokens < 2:
             raise UserError(
                 f"the run leaves room for prompts of {room.max_tokens} token(s) after the "
-                "generation: give a smaller --max-new-tokens"
+                "generation: give a smaller {max_new_tokens}",
+                settings=["max_new_tokens"],
             )
         sample = [p for kind in sorted(pools) for p in pools[kind][:32]]
         per_token = sorted(len(p.encode("utf-8")) / room.tokens(p) for p in sample)
@@ -222,7 +223,8 @@ def demo_trace(
                 f"demo phase {phase.name!r}: the builtin corpus's held-out part has only "
                 f"{taken} unused {phase.kind} passages of >= {shortest} bytes that fit the run "
                 f"(prompt and generation within its positions), not {phase.requests}; serve "
-                "a --trace instead"
+                "a {trace} instead",
+                settings=["trace"],
             )
         clock += max(phase.gap_s, 1.0)
     return tuple(out)

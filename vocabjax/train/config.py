@@ -116,6 +116,21 @@ class RunConfig:
             raise UserError(f"impl={self.impl!r} must be auto, xla, chunked or pallas")
         object.__setattr__(self, "heads", heads)
 
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> RunConfig:
+        """A run from settings named as ``resume_config`` takes them (fields, corpus fields as
+        ``corpus.spec``, ``corpus.max_bytes``, ...). ``warmup`` and ``corpus.max_bytes`` of
+        None take their defaults for the steps and the corpus."""
+        top = {k: v for k, v in settings.items() if not k.startswith("corpus.")}
+        corpus = {
+            k.removeprefix("corpus."): v for k, v in settings.items() if k.startswith("corpus.")
+        }
+        if corpus.get("max_bytes") is None:
+            corpus["max_bytes"] = default_max_bytes(corpus["spec"])
+        if top.get("warmup") is None:
+            top["warmup"] = default_warmup(top["steps"])
+        return cls(corpus=CorpusSpec(**corpus), **top)
+
     @property
     def max_vocab(self) -> int:
         return self.heads[-1]

@@ -228,7 +228,8 @@ def check_sizes(
             raise UserError(
                 f"the corpus's train part gives head {head.vocab} only {w.count} window(s) of "
                 f"{w.windows.shape[1]} tokens; one batch needs {batch} ({need} tokens): give more "
-                "text, or a smaller --batch or --seq-len"
+                "text, or a smaller {batch} or {seq_len}",
+                settings=["batch", "seq_len"],
             )
     for head, ids in zip(heads, heldout.ids, strict=True):
         if len(ids) < 2:

@@ -102,13 +102,12 @@ def device_label() -> str:
     return f"{d.platform} {d.device_kind}"
 
 
-_OPTION = {"shape": "--model", "corpus.spec": "--corpus", "heads": "--heads"}
-
-
 def _stored_run(run_dir: Path) -> RunConfig:
     """The configuration of the run ``--resume`` continues."""
     if not (run_dir / RUN_FILE).is_file():
-        raise UserError(f"--resume: {run_dir} holds no {RUN_FILE} (no run to continue)")
+        raise UserError(
+            f"{{resume}}: {run_dir} holds no {RUN_FILE} (no run to continue)", settings=["resume"]
+        )
     return read_run(run_dir)
 
 
@@ -133,14 +132,14 @@ def resume_config(run_dir: str | Path, given: Mapping[str, Any]) -> RunConfig:
         if key == "heads":
             same = tuple(have) == tuple(value)
         if not same:
-            option = _OPTION.get(key, "--" + key.removeprefix("corpus.").replace("_", "-"))
             show = {
                 "shape": lambda x: x.name,
                 "heads": lambda x: ",".join(map(str, x)),
             }.get(key, repr)
             raise UserError(
-                f"--resume: {option} {show(value)} differs from the run in {run_dir} "
-                f"({show(have)}); drop the option or choose another --out"
+                f"{{resume}}: {{{key}}} {show(value)} differs from the run in {run_dir} "
+                f"({show(have)}); drop the option or choose another {{run_dir}}",
+                settings=["resume", key, "run_dir"],
             )
     return dataclasses.replace(stored, **changes)
 
@@ -151,11 +150,15 @@ def _check_fresh(run_dir: Path) -> None:
         return
     if (run_dir / RUN_FILE).exists():
         raise UserError(
-            f"{run_dir} holds a training run ({RUN_FILE}); pass --resume to continue it, "
-            "or choose another --out"
+            f"{run_dir} holds a training run ({RUN_FILE}); pass {{resume}} to continue it, "
+            "or choose another {run_dir}",
+            settings=["resume", "run_dir"],
         )
     if any(run_dir.iterdir()):
-        raise UserError(f"--out {run_dir} exists and is not empty; choose another directory")
+        raise UserError(
+            f"{{run_dir}} {run_dir} exists and is not empty; choose another directory",
+            settings=["run_dir"],
+        )
 
 
 def train(
@@ -187,7 +190,7 @@ def train(
     config = session.config
     if end < config.steps or not measure:
         if end < config.steps:
-            log(f"stopped after step {end}; continue with --resume")
+            log(f"stopped after step {end}; resume the run to continue")
         return TrainResult(config, run_dir, end, (), device_label(), time.perf_counter() - started)
     log("measuring held-out bits per byte and tokens/s per head")
     heads = session.measure(timing_repeats)
@@ -202,7 +205,10 @@ def _check_resume(config: RunConfig, run_dir: Path, log: Progress) -> None:
     check_target_dir(run_dir, what="run")
     diffs = stored.differences(config)
     if diffs:
-        raise UserError(f"--resume: the configuration differs from {run_dir}: {diffs[0]}")
+        raise UserError(
+            f"{{resume}}: the configuration differs from {run_dir}: {diffs[0]}",
+            settings=["resume"],
+        )
     if stored.steps != config.steps:
         log(
             f"note: the learning rate now decays over {config.steps} steps (the run had "
@@ -239,7 +245,7 @@ class _Session:
         nested = None
         if config.tokenizer is None:
             log(
-                f"no --tokenizer: training a nested BPE at {', '.join(map(str, config.heads))} "
+                f"no tokenizer given: training a nested BPE at {', '.join(map(str, config.heads))} "
                 f"on {corpus.describe('train')}, to be saved in {run_dir / TOKENIZER_DIR}"
             )
             nested = train_nested(corpus.texts("train"), config.heads, progress=log)
@@ -286,13 +292,15 @@ class _Session:
             return
         if checkpoint.step > self.config.steps:
             raise UserError(
-                f"--resume: the checkpoint in {self.run_dir} is at step {checkpoint.step}, "
-                f"beyond --steps {self.config.steps}"
+                f"{{resume}}: the checkpoint in {self.run_dir} is at step {checkpoint.step}, "
+                f"beyond {{steps}} {self.config.steps}",
+                settings=["resume", "steps"],
             )
         if checkpoint.meta.get("train_tokens") != self.train_tokens:
             raise UserError(
-                "--resume: the corpus or tokenizer changed since the checkpoint (train tokens "
-                f"per head {checkpoint.meta.get('train_tokens')} then, {self.train_tokens} now)"
+                "{resume}: the corpus or tokenizer changed since the checkpoint (train tokens "
+                f"per head {checkpoint.meta.get('train_tokens')} then, {self.train_tokens} now)",
+                settings=["resume"],
             )
         self.params, self.opt_state = restore(
             checkpoint, self.params, self.opt_state, where=str(self.run_dir)
@@ -312,7 +320,8 @@ class _Session:
         if not all_finite(self.params) or not all_finite(self.opt_state):
             raise UserError(
                 f"the parameters are not finite after step {self.step}; not checkpointed "
-                f"({self.last_saved()}); lower --lr"
+                f"({self.last_saved()}); lower {{lr}}",
+                settings=["lr"],
             )
         cfg = self.config
         if not self.written:
@@ -356,7 +365,8 @@ class _Session:
                 raise UserError(
                     f"the loss is not finite at step {self.step} "
                     f"({_losses(cfg.heads, losses, 'head ')}); "
-                    f"stopped without checkpointing it ({self.last_saved()}); lower --lr"
+                    f"stopped without checkpointing it ({self.last_saved()}); lower {{lr}}",
+                    settings=["lr"],
                 )
             self.recent = [*self.recent, [float(x) for x in losses]][-RECENT:]
             meter.tick(self.step)

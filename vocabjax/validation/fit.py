@@ -47,7 +47,9 @@ def fit_families(spec: str) -> tuple[str, ...]:
     out: list[str] = []
     for part in (x.strip() for x in spec.split(",")):
         if part not in FIT_ON:
-            raise UserError(f"--fit-on {part!r} is not one of {', '.join(FIT_ON)}")
+            raise UserError(
+                f"{{fit_on}} {part!r} is not one of {', '.join(FIT_ON)}", settings=["fit_on"]
+            )
         out += [f for f in FIT_ON[part] if f not in out]
     return tuple(out)
 

@@ -135,7 +135,8 @@ def check_memory(grid: Grid, shapes, points: list[Point], fraction: float = 0.7)
             raise UserError(
                 f"grid {grid.name!r}: the {shape.name} points hold about {need / 1e9:.1f} GB at "
                 f"once, above {fraction:.0%} of this machine's {memory / 1e9:.1f} GB; use "
-                "--quick or a grid with fewer, smaller points"
+                "{quick} or a grid with fewer, smaller points",
+                settings=["quick"],
             )
 
 

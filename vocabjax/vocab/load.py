@@ -249,7 +249,8 @@ def detect_pattern(ranks: Mapping[bytes, int], *, where: str) -> KnownRanks:
         raise UserError(
             f"{where}: a rank file of {len(ranks)} tokens that is none of "
             f"{', '.join(k.name for k in KNOWN_RANK_FILES)} (by its first merges), so its split "
-            f"regex is unknown; give --pattern NAME|REGEX (names: {', '.join(pattern_names())})"
+            f"regex is unknown; give {{pattern}} NAME|REGEX (names: {', '.join(pattern_names())})",
+            settings=["pattern"],
         )
     return next((k for k in family if k.ranks == len(ranks)), family[0])
 

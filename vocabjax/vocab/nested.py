@@ -132,8 +132,9 @@ def train_nested(
         raise UserError(
             f"the corpus reaches only vocab={reached} of the requested {largest}: BPE ran out of "
             f"pairs to merge after {reached - minimum_vocab(specials)} merges "
-            f"({counts[1]} bytes, {counts[0]} documents); ask for --vocab <= {reached} "
-            "or give more text"
+            f"({counts[1]} bytes, {counts[0]} documents); ask for {{vocab}} <= {reached} "
+            "or give more text",
+            settings=["vocab"],
         )
     _check_layout(data, specials)
     if progress:

@@ -72,8 +72,9 @@ def prune(
     source = len(tokens)
     if vocab > source:
         raise UserError(
-            f"--vocab {vocab} is above the source's {source} tokens ({where}); "
-            "pruning only removes tokens"
+            f"{{vocab}} {vocab} is above the source's {source} tokens ({where}); "
+            "pruning only removes tokens",
+            settings=["vocab"],
         )
     alphabet = byte_alphabet()
     missing = [ch for ch in alphabet if ch not in ids]
@@ -86,8 +87,9 @@ def prune(
     base = sorted({ids[ch] for ch in alphabet} | {ids[s] for s in specials})
     if vocab < len(base):
         raise UserError(
-            f"--vocab {vocab} must be >= {len(base)} (the {BYTE_ALPHABET}-token byte alphabet "
-            f"+ {len(base) - BYTE_ALPHABET} special token(s))"
+            f"{{vocab}} {vocab} must be >= {len(base)} (the {BYTE_ALPHABET}-token byte alphabet "
+            f"+ {len(base) - BYTE_ALPHABET} special token(s))",
+            settings=["vocab"],
         )
 
     pairs = merges(model)
@@ -205,8 +207,9 @@ def prune_to_dir(
     bpe_model(data, where=source.path)
     if vocab > source.vocab:
         raise UserError(
-            f"--vocab {vocab} is above the source's {source.vocab} tokens ({source.path}); "
-            "pruning only removes tokens"
+            f"{{vocab}} {vocab} is above the source's {source.vocab} tokens ({source.path}); "
+            "pruning only removes tokens",
+            settings=["vocab"],
         )
     counts = count_usage(source.tokenizer, texts, progress=progress)
     pruned = prune(data, counts, vocab, where=source.path)
