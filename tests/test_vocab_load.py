@@ -278,7 +278,7 @@ def test_the_file_name_does_not_decide(tmp_path):
     assert str(err.value) == (
         f"{tmp_path}/cl100k_base.tiktoken: a rank file of {LEVEL - 1} tokens that is none of "
         "r50k_base, p50k_base, cl100k_base, llama3, o200k_base (by its first merges), so its "
-        "split regex is unknown; give --pattern NAME|REGEX (names: cl100k, gpt2, llama3, o200k, "
+        "split regex is unknown; give pattern NAME|REGEX (names: cl100k, gpt2, llama3, o200k, "
         "tekken)"
     )
 

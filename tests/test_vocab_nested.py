@@ -107,7 +107,8 @@ def test_vocab_below_the_alphabet_plus_specials():
 def test_vocab_larger_than_the_corpus_can_reach():
     with pytest.raises(UserError, match=r"reaches only vocab=2\d\d of the requested 5000") as exc:
         train_nested(["hello hello world"] * 3, [300, 5000])
-    assert "merges" in str(exc.value) and "--vocab <=" in str(exc.value)
+    assert "merges" in str(exc.value) and "vocab <= 2" in str(exc.value)
+    assert "ask for --vocab <= 2" in exc.value.render(lambda name: "--" + name)
 
 
 def test_stop_short_keeps_the_reachable_levels():
