@@ -153,7 +153,11 @@ def goals(run: at.Run, d_model: int) -> list[dict]:
             continue
         x, p = xla[0], min(pallas, key=lambda r: r.time_s)
         flops, bytes_ = unembed.unembed_cost(
-            r_best.op, r_best.vocab, r_best.batch, d_model, r_best.dtype
+            r_best.op,
+            vocab=r_best.vocab,
+            batch=r_best.batch,
+            d_model=d_model,
+            dtype=r_best.dtype,
         )
         where = {"op": r_best.op, "vocab": r_best.vocab, "batch": r_best.batch}
         if r_best.op == "greedy" and r_best.batch <= 16:

@@ -146,9 +146,13 @@ def main(argv=None) -> int:
                     t_xla, t_auto, t_xla2, *t_streams = at.time_interleaved(fns, sets, compare)
                     t_xla_mean = (t_xla + t_xla2) / 2
                     noise = abs(t_xla - t_xla2) / t_xla_mean
-                    choice = unembed.select(op, vocab, batch, args.d_model, args.dtype)
+                    choice = unembed.select(
+                        op, vocab=vocab, batch=batch, d_model=args.d_model, dtype=args.dtype
+                    )
                     floor = ceilings.floor_s(op, vocab, batch, args.d_model, args.dtype)
-                    flops, bytes_ = unembed.unembed_cost(op, vocab, batch, args.d_model, args.dtype)
+                    flops, bytes_ = unembed.unembed_cost(
+                        op, vocab=vocab, batch=batch, d_model=args.d_model, dtype=args.dtype
+                    )
                     for r in point:
                         rows.append(
                             _row(

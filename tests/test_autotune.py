@@ -74,7 +74,9 @@ def test_profile_round_trips_and_drives_the_selector(run, tmp_path):
     loaded = load_device(path)
     assert loaded.best == run.profile.best and loaded.kernels == run.profile.kernels
     for best in loaded.best:
-        choice = unembed.select(best.op, best.vocab, best.batch, D, "f32", profile=loaded)
+        choice = unembed.select(
+            best.op, vocab=best.vocab, batch=best.batch, d_model=D, dtype="f32", profile=loaded
+        )
         assert choice.impl == best.impl, (best, choice)
         if best.impl == "chunked":
             assert choice.blocks == best.blocks

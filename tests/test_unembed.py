@@ -565,25 +565,44 @@ def test_selector_reads_the_nearest_best_row_then_the_roofline():
             _row(131072, 1, "pallas", {"block_v": 512}),
         ]
     )
-    pick = unembed.select("greedy", 30000, 2, 768, "bf16", profile=prof, backend="gpu")
+    pick = unembed.select(
+        "greedy", vocab=30000, batch=2, d_model=768, dtype="bf16", profile=prof, backend="gpu"
+    )
     assert pick.impl == "chunked" and pick.blocks == {"block_v": 8192}, pick
     assert "nearest V=32768, B=1" in pick.reason
     assert (
-        unembed.select("greedy", 32768, 200, 768, "bf16", profile=prof, backend="gpu").impl == "xla"
+        unembed.select(
+            "greedy", vocab=32768, batch=200, d_model=768, dtype="bf16", profile=prof, backend="gpu"
+        ).impl
+        == "xla"
     )
-    big = unembed.select("greedy", 150000, 1, 768, "bf16", profile=prof, backend="gpu")
+    big = unembed.select(
+        "greedy", vocab=150000, batch=1, d_model=768, dtype="bf16", profile=prof, backend="gpu"
+    )
     assert big.impl == "pallas" and big.blocks == {"block_v": 512}
     # On CPU, Pallas only interprets: its rows are skipped.
     assert (
-        unembed.select("greedy", 150000, 1, 768, "bf16", profile=prof, backend="cpu").impl
+        unembed.select(
+            "greedy", vocab=150000, batch=1, d_model=768, dtype="bf16", profile=prof, backend="cpu"
+        ).impl
         != "pallas"
     )
     # No rows for this op: the roofline rule against the profile's ridge point (100 FLOP/byte).
-    low = unembed.select("top_k", 65536, 8, 768, "bf16", profile=prof, backend="gpu")
-    high = unembed.select("top_k", 65536, 512, 768, "bf16", profile=prof, backend="gpu")
+    low = unembed.select(
+        "top_k", vocab=65536, batch=8, d_model=768, dtype="bf16", profile=prof, backend="gpu"
+    )
+    high = unembed.select(
+        "top_k", vocab=65536, batch=512, d_model=768, dtype="bf16", profile=prof, backend="gpu"
+    )
     assert (low.impl, high.impl) == ("pallas", "xla") and "ridge 100.0" in low.reason
     ce = unembed.select(
-        "linear_cross_entropy", 65536, 8192, 768, "bf16", profile=prof, backend="cpu"
+        "linear_cross_entropy",
+        vocab=65536,
+        batch=8192,
+        d_model=768,
+        dtype="bf16",
+        profile=prof,
+        backend="cpu",
     )
     assert ce.impl == "chunked"
 
@@ -594,30 +613,44 @@ def test_without_a_measured_row_a_cpu_runs_xla_but_where_measured_otherwise(dtyp
     with unembed.using_device_profile(None):
         for op in ("greedy", "logsumexp", "top_k", "sample"):
             for batch in (2, 4, 16, 64, 256):
-                assert pick(op, 32768, batch).impl == "xla", (op, batch)
-            one = pick(op, 50257, 1)
+                assert pick(op, vocab=32768, batch=batch).impl == "xla", (op, batch)
+            one = pick(op, vocab=50257, batch=1)
             if dtype == "bf16":  # one whole tile of W, h padded to two rows: no loop
                 assert (one.impl, one.blocks) == ("chunked", {"block_v": 65536, "min_rows": 2})
             else:
                 assert one.impl == "xla"
         # Cross-entropy: xla while the N x V f32 logits fit in W's bytes, fused beyond.
         w_rows = 768 * (2 if dtype == "bf16" else 4) // 4  # N at which 4 N V = V D w
-        assert pick("linear_cross_entropy", 32768, w_rows).impl == "xla"
-        assert pick("linear_cross_entropy", 32768, w_rows + 1).impl == "chunked"
+        assert pick("linear_cross_entropy", vocab=32768, batch=w_rows).impl == "xla"
+        assert pick("linear_cross_entropy", vocab=32768, batch=w_rows + 1).impl == "chunked"
         # A GPU without a profile keeps the roofline rule: memory-bound decode runs fused.
-        assert unembed.select("greedy", 32768, 1, 768, dtype, backend="gpu").impl == "pallas"
+        assert (
+            unembed.select(
+                "greedy", vocab=32768, batch=1, d_model=768, dtype=dtype, backend="gpu"
+            ).impl
+            == "pallas"
+        )
 
 
 def test_an_xla_cross_entropy_row_is_not_stretched_to_larger_logits():
     prof = _profile([_row(32768, 256, "xla", op="linear_cross_entropy")])
     ce = functools.partial(unembed.select, "linear_cross_entropy", profile=prof, backend="cpu")
-    assert ce(32768, 256, 768, "bf16").impl == "xla"
-    assert ce(8192, 64, 768, "bf16").impl == "xla"  # smaller logits than measured
-    big = ce(32768, 8192, 768, "bf16")  # 32x the measured N x V: the fused path
+    assert ce(vocab=32768, batch=256, d_model=768, dtype="bf16").impl == "xla"
+    assert (
+        ce(vocab=8192, batch=64, d_model=768, dtype="bf16").impl == "xla"
+    )  # smaller logits than measured
+    big = ce(
+        vocab=32768, batch=8192, d_model=768, dtype="bf16"
+    )  # 32x the measured N x V: the fused path
     assert big.impl == "chunked" and big.reason.startswith("cpu rule")
     # Greedy's logits are B x V too, but greedy has no N of training tokens behind it.
     greedy = _profile([_row(32768, 256, "xla")])
-    assert unembed.select("greedy", 32768, 8192, 768, "bf16", profile=greedy).impl == "xla"
+    assert (
+        unembed.select(
+            "greedy", vocab=32768, batch=8192, d_model=768, dtype="bf16", profile=greedy
+        ).impl
+        == "xla"
+    )
 
 
 def test_gradient_row_tiles_fit_half_of_w_and_the_cap():
@@ -645,7 +678,7 @@ def test_auto_follows_the_profile_set(tmp_path):
     prof = _profile([f32_row])
     with unembed.using_device_profile(prof):
         assert unembed.device_profile() is prof
-        choice = unembed.select("greedy", V, 3, D, "f32")
+        choice = unembed.select("greedy", vocab=V, batch=3, d_model=D, dtype="f32")
         assert choice.impl == "chunked" and choice.blocks == {"block_v": 2048}
         got = jax.jit(lambda h, w: unembed.greedy(h, w))(h, w)
     np.testing.assert_array_equal(got, unembed.greedy(h, w, impl="xla"))

@@ -108,7 +108,9 @@ class Ceilings:
 
     def floor_s(self, op: str, vocab: int, batch: int, d_model: int, dtype: str) -> float:
         """The roofline floor of an unembedding op: max(t_math, t_mem)."""
-        flops, bytes_ = unembed.unembed_cost(op, vocab, batch, d_model, dtype)
+        flops, bytes_ = unembed.unembed_cost(
+            op, vocab=vocab, batch=batch, d_model=d_model, dtype=dtype
+        )
         t_math = flops / self.peak_flops[dtype]
         t_mem = bytes_ / self.hbm_bandwidth
         return max(t_math, t_mem)

@@ -575,10 +575,10 @@ class Engine:
         op = "greedy" if sampling.greedy else ("sample" if sampling.top_k is None else "top_k")
         choice = unembed.select(
             op,
-            head,
-            rows,
-            self.run.config.shape.d_model,
-            unembed.dtype_name(self.run.config.model_config.dtype),
+            vocab=head,
+            batch=rows,
+            d_model=self.run.config.shape.d_model,
+            dtype=unembed.dtype_name(self.run.config.model_config.dtype),
         )
         return Generation(
             completions=completions,
