@@ -118,3 +118,39 @@ def test_lambda_zero_plan_is_the_training_optimum():
     p = make_plan(cm, DEFAULT_VOCAB, parse_workload(WORKLOAD), 0.0)
     assert p.single == p.v_train == int(np.argmin(p.c_train))
     assert p.heads == (p.v_train,)
+
+
+def test_plan_prices_each_class_as_the_sweep_prices_its_batch():
+    from vocabjax.lifecycle import Grid, sweep
+
+    cm = _model()
+    p = make_plan(cm, DEFAULT_VOCAB, parse_workload(WORKLOAD), 100.0)
+    res = sweep(cm, Grid(batch=(1, 256), lam=(100.0,)))
+    # one per-point function under both: the same numbers, not merely close ones
+    np.testing.assert_array_equal(p.c_train, res.c_train)
+    np.testing.assert_array_equal(p.c_infer, res.c_infer)
+    np.testing.assert_array_equal(p.b_max[:, 0], res.b_max)
+
+
+def test_plan_compiles_once_per_model_and_options(monkeypatch):
+    from vocabjax import planning
+
+    traced = []
+    head_sets = planning._head_sets
+    monkeypatch.setattr(planning, "_head_sets", lambda *a: traced.append(1) or head_sets(*a))
+    for lam, workload in (
+        (100.0, WORKLOAD),
+        (0.0, WORKLOAD),
+        (10.0, "a:b=4:share=0.2,b:b=8:share=0.8"),
+    ):
+        cm = _model(prompt_bytes=3001.0)  # an equal model each time, new to the cache
+        make_plan(cm, DEFAULT_VOCAB, parse_workload(workload), lam)
+    assert len(traced) == 1
+
+
+def test_lambda_zero_policy_routes_every_batch_to_the_training_optimum():
+    cm = _model()
+    p = make_plan(cm, DEFAULT_VOCAB, parse_workload(WORKLOAD), 0.0)
+    pol = policy_json(p, cm, max_heads=3)
+    assert [r["head"] for r in pol["batch_routes"]] == [DEFAULT_VOCAB[p.v_train]]
+    assert pol["batch_routes"][0]["max_batch"] is None

@@ -150,7 +150,7 @@ Objective = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
 
 
 def _objective(cm: CostModel, cap_batch: bool, quality: Quality | None) -> Objective:
-    run = lifecycle._jitted(cm, cap_batch, quality)  # the sweep's own compiled grid function
+    run = lifecycle.grid_function(cm, cap_batch=cap_batch, quality=quality)
 
     def j_grid(vocab, batch, lam) -> jax.Array:
         """J(V; B, lambda) = c_train(V) + lambda c_infer(V, B), [V, B, lam] float32 seconds per

@@ -12,9 +12,11 @@ way and the argmin is exact).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -171,18 +173,73 @@ def check_grid_fits(grid: Grid, *, budget_bytes: float | None = None) -> None:
         )
 
 
-def _pad(values: Sequence[float], multiple: int) -> tuple[np.ndarray, int]:
+def _padded(values: Sequence[float], multiple: int) -> tuple[np.ndarray, np.ndarray]:
+    """``values`` as float32, padded with its last value to a multiple of ``multiple`` (the
+    device count), and the mask of the entries that are not padding."""
     arr = np.asarray(values, np.float32)
     pad = (-len(arr)) % multiple
-    return np.concatenate([arr, np.full(pad, arr[-1], np.float32)]), pad
+    valid = np.ones(len(arr) + pad, bool)
+    if pad:
+        valid[-pad:] = False
+    return np.concatenate([arr, np.full(pad, arr[-1], np.float32)]), valid
 
 
-def served_cost(model: CostModel, v, b, *, cap_batch: bool):
-    """c_infer at one (V, B), capping B at the largest batch that fits when ``cap_batch``;
-    ``inf`` where not even one sequence fits. Returns (cost, batch run, batch costed)."""
+# ---- one point -------------------------------------------------------------------------------
+
+
+class PointCost(NamedTuple):
+    """What training and serving cost at one (V, B). A NamedTuple, so that ``jax.vmap``'s
+    ``out_axes`` can say which fields depend on V alone (``cost_grid``)."""
+
+    c_train: Any  # s / training byte (V alone)
+    c_infer: Any  # s / served byte at the batch costed; inf where not one sequence fits
+    batch_run: Any  # the batch costed: B, or with the cap the largest batch that fits
+    b_max: Any  # largest batch whose KV cache fits beside the weights (V alone)
+    kv_bytes_per_seq: Any  # KV-cache bytes of one sequence (V alone)
+    unembed_compute_bound: Any  # bool: the unembedding's t_math >= t_mem at the batch costed
+
+
+def point_cost(model: CostModel, v, b, *, cap_batch: bool) -> PointCost:
+    """The costs at one (V, B), scalars; with ``cap_batch`` B is costed at the largest batch
+    that fits, and c_infer is ``inf`` where not even one sequence does. Sweep and plan lift it
+    with ``jax.vmap`` (``cost_grid``); ``model`` may be a copy with traced op scales."""
     b_run = jnp.minimum(b, model.b_max(v)) if cap_batch else b
     b_safe = jnp.maximum(b_run, 1.0)
-    return jnp.where(b_run >= 1.0, model.c_infer(v, b_safe), jnp.inf), b_run, b_safe
+    c_infer = jnp.where(b_run >= 1.0, model.c_infer(v, b_safe), jnp.inf)
+    u = model.decode_times(v, b_safe, model.mean_context(v))["unembedding"]
+    return PointCost(
+        c_train=model.c_train(v),
+        c_infer=c_infer,
+        batch_run=b_run,
+        b_max=model.b_max(v),
+        kv_bytes_per_seq=model.kv_bytes_per_seq(v),
+        unembed_compute_bound=u.t_math >= u.t_mem,
+    )
+
+
+_OVER_B = PointCost(None, 0, 0, None, None, 0)  # out_axes over B: fields of V alone stay [V]
+
+
+def cost_grid(model: CostModel, v, b, *, cap_batch: bool) -> PointCost:
+    """``point_cost`` over every (V, B) of ``v`` [V] and ``b`` [B]: the fields of V alone are
+    [V], the others [V, B]."""
+    one = functools.partial(point_cost, model, cap_batch=cap_batch)
+    over_b = jax.vmap(one, in_axes=(None, 0), out_axes=_OVER_B)
+    return jax.vmap(over_b, in_axes=(0, None))(v, b)
+
+
+def objective(c_train, c_infer, lam):
+    """J at one (V, B, lambda); lambda = 0 is training alone, whatever serving costs."""
+    return jnp.where(lam > 0, c_train + lam * c_infer, c_train)
+
+
+def objective_grid(c_train, c_infer, lam, allowed):
+    """``objective`` over the grid: J [V, B, lam] from c_train [V], c_infer [V, B] and lam
+    [lam], inf where V is not ``allowed`` [V]."""
+    over_lam = jax.vmap(objective, in_axes=(None, None, 0))
+    over_b_lam = jax.vmap(over_lam, in_axes=(None, 0, None))
+    j = jax.vmap(over_b_lam, in_axes=(0, 0, None))(c_train, c_infer, lam)
+    return jnp.where(allowed[:, None, None], j, jnp.inf)
 
 
 def allowed_vocab(quality: Quality | None, v, valid):
@@ -196,12 +253,32 @@ def allowed_vocab(quality: Quality | None, v, valid):
     return valid & covered & (bpb <= best * (1.0 + quality.tolerance))
 
 
+def train_optimum(c_train, allowed):
+    """Index of V_t, the allowed V of least c_train (the answer at lambda = 0); 0 where no V is
+    allowed."""
+    return jnp.argmin(jnp.where(allowed, c_train, jnp.inf))
+
+
 def break_even(d_train, d_infer):
     """lambda at which a V whose training costs ``d_train`` more per byte and whose serving
     costs ``d_infer`` less per byte than the training optimum becomes the cheaper choice:
     0 if it is no dearer to train, ``inf`` (never) if it is no cheaper to serve. Elementwise."""
     safe = jnp.where(d_infer > 0, d_infer, 1.0)
     return jnp.where(d_train <= 0, 0.0, jnp.where(d_infer > 0, d_train / safe, jnp.inf))
+
+
+def break_even_vs(c_train, c_infer, v_train, allowed):
+    """``break_even`` of every V against the V of index ``v_train``: c_train [V], c_infer
+    [V, ...] (one column per batch, or a workload's mix [V]); inf where V is not allowed."""
+    extra = (1,) * (c_infer.ndim - 1)
+    d_train = (c_train - c_train[v_train]).reshape(c_train.shape + extra)
+    be = break_even(d_train, c_infer[v_train][None] - c_infer)
+    return jnp.where(allowed.reshape(allowed.shape + extra), be, jnp.inf)
+
+
+def _argmin_v(j):
+    """argmin over V (axis 0) of J [V, ...], -1 where every J is inf."""
+    return jnp.where(jnp.isfinite(jnp.min(j, axis=0)), jnp.argmin(j, axis=0), -1)
 
 
 def fine_vocab(vocab: Sequence[int]) -> tuple[int, ...]:
@@ -248,91 +325,66 @@ def share_note(model: CostModel, draws: int) -> str:
     )
 
 
-def _objective_fn(model: CostModel, *, cap_batch: bool, quality: Quality | None):
-    """The jitted whole-grid function (closing over the static model)."""
+# ---- the sweep's grid function ---------------------------------------------------------------
 
-    def infer_point(m: CostModel, v, b):
-        """c_infer at one (V, B), the batch actually run, and the unembedding's bound."""
-        cost, b_run, b_safe = served_cost(m, v, b, cap_batch=cap_batch)
-        u = m.decode_times(v, b_safe, m.mean_context(v))["unembedding"]
-        return cost, b_run, u.t_math >= u.t_mem
 
-    def objective(c_train, c_infer, lam):
-        """J at one (V, B, lambda); lambda = 0 is training alone, whatever serving costs."""
-        return jnp.where(lam > 0, c_train + lam * c_infer, c_train)
+def _band(model, quality, cap_batch, v_fine, valid_fine, b, lam, j_star, tol):
+    """(v_low, v_high) [B, lam]: the smallest and largest V of the fine grid whose J is within
+    ``tol`` of ``j_star`` (+inf and -inf where no V is)."""
+    fine = cost_grid(model, v_fine, b, cap_batch=cap_batch)
+    allowed = allowed_vocab(quality, v_fine, valid_fine)
+    j = objective_grid(fine.c_train, fine.c_infer, lam, allowed)
+    in_band = jnp.isfinite(j) & (j <= j_star * (1.0 + tol))
+    v_col = v_fine[:, None, None]
+    low = jnp.min(jnp.where(in_band, v_col, jnp.inf), axis=0)
+    return low, jnp.max(jnp.where(in_band, v_col, -jnp.inf), axis=0)
 
-    j_over_lam = jax.vmap(objective, in_axes=(None, None, 0))
-    j_over_blam = jax.vmap(j_over_lam, in_axes=(None, 0, None))
-    j_grid = jax.vmap(j_over_blam, in_axes=(0, 0, None))
 
-    def costs(m: CostModel, v, b):
-        """c_train [V], and c_infer, batch run, unembedding compute-bound [V, B]."""
-        over_vb = jax.vmap(jax.vmap(infer_point, (None, None, 0)), (None, 0, None))
-        return (jax.vmap(m.c_train)(v), *over_vb(m, v, b))
-
-    def masked_j(c_train, c_infer, allowed, lam):
-        """J [V, B, lam], inf where V is not allowed."""
-        return jnp.where(allowed[:, None, None], j_grid(c_train, c_infer, lam), jnp.inf)
-
-    def argmin_v(j):
-        """argmin over V of J [V, ...], -1 where every J is inf."""
-        return jnp.where(jnp.isfinite(jnp.min(j, axis=0)), jnp.argmin(j, axis=0), -1)
-
+def _v_star_share(model, cap_batch, v, b, lam, allowed, z):
+    """[V, B, lam] share of the perturbed profiles (one row of ``z`` each, standard normal per
+    op family, scaled by the calibration's residual spread) whose V* is each V."""
     sd = model.device.residual_sd
 
-    def v_star_share(v, b, lam, allowed, z):
-        """[V, B, lam] share of the perturbed profiles (one row of ``z`` each, standard normal
-        per op family) whose V* is each V."""
+    def draw(zk):
+        scales = dict(zip(OP_FAMILIES, jnp.exp(sd * zk), strict=True))
+        cost = cost_grid(model.scaled(scales), v, b, cap_batch=cap_batch)
+        return _argmin_v(objective_grid(cost.c_train, cost.c_infer, lam, allowed))
 
-        def draw(zk):
-            scales = dict(zip(OP_FAMILIES, jnp.exp(sd * zk), strict=True))
-            c_train, c_infer, *_ = costs(model.scaled(scales), v, b)
-            return argmin_v(masked_j(c_train, c_infer, allowed, lam))
+    picks = jax.lax.map(draw, z, batch_size=DRAW_CHUNK)  # [N, B, lam]
+    hits = picks[None] == jnp.arange(v.shape[0])[:, None, None, None]
+    return jnp.mean(hits, axis=1, dtype=jnp.float32)
 
-        picks = jax.lax.map(draw, z, batch_size=DRAW_CHUNK)  # [N, B, lam]
-        hits = picks[None] == jnp.arange(v.shape[0])[:, None, None, None]
-        return jnp.mean(hits, axis=1, dtype=jnp.float32)
 
-    def run(v, valid, b, lam, v_fine, valid_fine, tol, z):
-        c_train, c_infer, b_run, compute_bound = costs(model, v, b)
-        allowed = allowed_vocab(quality, v, valid)
-        j = masked_j(c_train, c_infer, allowed, lam)  # [V, B, lam]
-        v_star = argmin_v(j)
-        j_star = jnp.min(j, axis=0)
-        ci_masked = jnp.where(allowed[:, None], c_infer, jnp.inf)
-        v_infer = argmin_v(ci_masked)
-        ct_masked = jnp.where(allowed, c_train, jnp.inf)
-        v_train = jnp.argmin(ct_masked)
-        d_infer = c_infer[v_train][None, :] - c_infer
-        be = break_even((c_train - c_train[v_train])[:, None], d_infer)
-        be = jnp.where(allowed[:, None], be, jnp.inf)
-        # the band: every V of the fine grid whose J is within ``tol`` of J at V*
-        ct_f, ci_f, *_ = costs(model, v_fine, b)
-        j_f = masked_j(ct_f, ci_f, allowed_vocab(quality, v_fine, valid_fine), lam)
-        in_band = jnp.isfinite(j_f) & (j_f <= j_star * (1.0 + tol))
-        v_col = v_fine[:, None, None]
-        out = dict(
-            c_train=c_train,
-            c_infer=c_infer,
-            batch_eff=b_run,
-            b_max=jax.vmap(model.b_max)(v),
-            kv=jax.vmap(model.kv_bytes_per_seq)(v),
-            allowed=allowed,
-            compute_bound=compute_bound,
-            v_star=v_star,
-            j_star=j_star,
-            v_infer=v_infer,
-            v_train=v_train,
-            break_even=be,
-            v_low=jnp.min(jnp.where(in_band, v_col, jnp.inf), axis=0),
-            v_high=jnp.max(jnp.where(in_band, v_col, -jnp.inf), axis=0),
-            j=j,  # [V, B, lam], inf where V is not allowed
-        )
-        if z.shape[0]:
-            out["v_star_share"] = v_star_share(v, b, lam, allowed, z)
-        return out
-
-    return run
+def _sweep_grid(model, v, valid, b, lam, v_fine, valid_fine, tol, z, *, cap_batch, quality):
+    """The whole sweep of one grid as arrays (``grid_function`` jits it): the costs, V*, its
+    band on ``v_fine``, break-even lambda, the KV plan, ``j`` [V, B, lam] and, when ``z`` has
+    rows, the ensemble's ``v_star_share``. V* indices are -1 where no V is allowed."""
+    cost = cost_grid(model, v, b, cap_batch=cap_batch)
+    allowed = allowed_vocab(quality, v, valid)
+    j = objective_grid(cost.c_train, cost.c_infer, lam, allowed)  # [V, B, lam]
+    j_star = jnp.min(j, axis=0)
+    v_train = train_optimum(cost.c_train, allowed)
+    v_low, v_high = _band(model, quality, cap_batch, v_fine, valid_fine, b, lam, j_star, tol)
+    out = dict(
+        c_train=cost.c_train,
+        c_infer=cost.c_infer,
+        batch_eff=cost.batch_run,
+        b_max=cost.b_max,
+        kv=cost.kv_bytes_per_seq,
+        allowed=allowed,
+        compute_bound=cost.unembed_compute_bound,
+        v_star=_argmin_v(j),
+        j_star=j_star,
+        v_infer=_argmin_v(jnp.where(allowed[:, None], cost.c_infer, jnp.inf)),
+        v_train=v_train,
+        break_even=break_even_vs(cost.c_train, cost.c_infer, v_train, allowed),
+        v_low=v_low,
+        v_high=v_high,
+        j=j,  # [V, B, lam], inf where V is not allowed
+    )
+    if z.shape[0]:
+        out["v_star_share"] = _v_star_share(model, cap_batch, v, b, lam, allowed, z)
+    return out
 
 
 _COMPILED: dict = {}
@@ -344,20 +396,46 @@ def _model_key(model: CostModel) -> str:
     return repr((model.device, model.shape, model.settings, model.compression, model.training))
 
 
-def _jitted(model: CostModel, cap_batch: bool, quality: Quality | None):
-    """One jitted grid function per distinct (model, options), so repeated sweeps of equal models
-    reuse the compiled executable instead of tracing a new closure."""
-    key = (_model_key(model), cap_batch, repr(quality))
+def jitted(fn: Callable, model: CostModel, **options):
+    """``jax.jit(partial(fn, model, **options))``, made once per (fn, the model's value,
+    options): repeated sweeps and plans of equal models reuse the compiled executable instead
+    of tracing a new closure. ``options`` are ``fn``'s static keyword-only arguments (their
+    repr is part of the key)."""
+    key = (fn, _model_key(model), repr(sorted(options.items())))
     if key not in _COMPILED:
         if len(_COMPILED) >= _COMPILED_MAX:
             _COMPILED.pop(next(iter(_COMPILED)))
-        _COMPILED[key] = jax.jit(_objective_fn(model, cap_batch=cap_batch, quality=quality))
+        _COMPILED[key] = jax.jit(functools.partial(fn, model, **options))
     return _COMPILED[key]
+
+
+def grid_function(model: CostModel, *, cap_batch: bool, quality: Quality | None):
+    """The sweep's jitted whole-grid function for ``model`` (``_sweep_grid``), compiled once per
+    model and options: ``f(v, valid, b, lam, v_fine, valid_fine, tol, z) -> dict``."""
+    return jitted(_sweep_grid, model, cap_batch=cap_batch, quality=quality)
 
 
 def no_draws() -> np.ndarray:
     """The ``z`` of a grid call without an ensemble: no rows."""
     return np.zeros((0, len(OP_FAMILIES)), np.float32)
+
+
+def _grid_args(grid: Grid, devices: Sequence[jax.Device], tolerance: float, draws: int):
+    """The grid function's arguments for ``grid``, on ``devices``: both V axes padded to a
+    multiple of the device count and sharded over the devices, the rest replicated."""
+    v_pad, valid = _padded(grid.vocab, len(devices))
+    f_pad, valid_f = _padded(fine_vocab(grid.vocab), len(devices))
+    z = np.random.default_rng(ENSEMBLE_SEED).standard_normal((draws, len(OP_FAMILIES)))
+    b = np.asarray(grid.batch, np.float32)
+    lam = np.asarray(grid.lam, np.float32)
+    host = (v_pad, valid, b, lam, f_pad, valid_f, np.float32(tolerance), z.astype(np.float32))
+    if len(devices) == 1:
+        return tuple(jax.device_put(x, devices[0]) for x in host)
+    mesh = Mesh(np.asarray(devices), ("v",))
+    shard = NamedSharding(mesh, PartitionSpec("v"))
+    repl = NamedSharding(mesh, PartitionSpec())
+    placement = (shard, shard, repl, repl, shard, shard, repl, repl)
+    return tuple(jax.device_put(x, p) for x, p in zip(host, placement, strict=True))
 
 
 def sweep(
@@ -376,32 +454,10 @@ def sweep(
         raise UserError(f"tolerance must be a finite number >= 0, got {tolerance!r}")
     check_grid_fits(grid)
     devices = list(devices if devices is not None else jax.devices())
-    n = len(devices)
-    v_pad, pad = _pad(grid.vocab, n)
-    valid = np.ones(len(v_pad), bool)
-    if pad:
-        valid[-pad:] = False
-    fine = fine_vocab(grid.vocab)
-    f_pad, pad_f = _pad(fine, n)
-    valid_f = np.ones(len(f_pad), bool)
-    if pad_f:
-        valid_f[-pad_f:] = False
     draws = ensemble_draws(model, grid)
     draws = draws if draws >= MIN_DRAWS else 0
-    z = np.random.default_rng(ENSEMBLE_SEED).standard_normal((draws, len(OP_FAMILIES)))
-    b = np.asarray(grid.batch, np.float32)
-    lam = np.asarray(grid.lam, np.float32)
-    fn = _jitted(model, cap_batch, quality)
-    host = (v_pad, valid, b, lam, f_pad, valid_f, np.float32(tolerance), z.astype(np.float32))
-    if n > 1:
-        mesh = Mesh(np.asarray(devices), ("v",))
-        shard = NamedSharding(mesh, PartitionSpec("v"))
-        repl = NamedSharding(mesh, PartitionSpec())
-        placement = (shard, shard, repl, repl, shard, shard, repl, repl)
-        args = tuple(jax.device_put(x, p) for x, p in zip(host, placement, strict=True))
-    else:
-        args = tuple(jax.device_put(x, devices[0]) for x in host)
-    out = fn(*args)
+    fn = grid_function(model, cap_batch=cap_batch, quality=quality)
+    out = fn(*_grid_args(grid, devices, tolerance, draws))
     out.pop("j")  # J over the whole grid is for vj.objective; a sweep keeps only its argmin
     out = jax.device_get(out)
     nv = len(grid.vocab)
@@ -423,7 +479,7 @@ def sweep(
         break_even=np.asarray(out["break_even"][:nv], np.float64),
         capped=cap_batch,
         tolerance=float(tolerance),
-        fine_vocab=fine,
+        fine_vocab=fine_vocab(grid.vocab),
         v_low=_band_edge(out["v_low"]),
         v_high=_band_edge(out["v_high"]),
         v_star_share=None if share is None else np.asarray(share[:nv], np.float64),

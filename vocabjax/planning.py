@@ -32,8 +32,11 @@ from vocabjax.lifecycle import (
     KV_REFERENCE_VOCAB,
     Quality,
     allowed_vocab,
-    break_even,
-    served_cost,
+    break_even_vs,
+    cost_grid,
+    jitted,
+    objective_grid,
+    train_optimum,
 )
 from vocabjax.outputs import schemas
 from vocabjax.units import BATCH_RANGE, BYTES_MAX, parse_size, quote_input
@@ -69,59 +72,9 @@ def parse_workload(text: str) -> tuple[TrafficClass, ...]:
     """``"edge:b=1:share=0.5,dc:b=256:share=0.5"`` (optional ``in=`` / ``out=`` bytes).
 
     Each key once per class; ``b`` in ``BATCH_RANGE``, ``share`` in 0..1, ``in``/``out`` bytes
-    above 0 and at most ``BYTES_MAX``.
+    above 0 and at most ``BYTES_MAX``; names unique, shares summing to 1.
     """
-    classes = []
-    for part in [p.strip() for p in str(text).split(",") if p.strip()]:
-        name, *fields = part.split(":")
-        if not name or not re.fullmatch(r"[\w.-]+", name):
-            raise UserError(
-                f"workload class {quote_input(part)} needs a name first, as in edge:b=1:share=0.5"
-            )
-        label = quote_input(name)
-        values: dict[str, Any] = {}
-        given: dict[str, str] = {}  # attribute -> the field that set it
-        for field in fields:
-            key, sep, value = field.partition("=")
-            key = key.strip()
-            if not sep or key not in _KEYS:
-                raise UserError(
-                    f"workload class {label}: {quote_input(field)} is not b=N, share=X, "
-                    "in=BYTES or out=BYTES"
-                )
-            attr = _KEYS[key]
-            if attr in given:
-                raise UserError(
-                    f"workload class {label} gives {key}= twice "
-                    f"({quote_input(given[attr])} and {quote_input(field)})"
-                )
-            given[attr] = field
-            if attr == "batch":
-                lo, hi = BATCH_RANGE
-                values[attr] = parse_size(
-                    value, what=f"workload {label} batch", minimum=lo, maximum=hi
-                )
-                continue
-            try:
-                number = float(value)
-            except ValueError:
-                raise UserError(
-                    f"workload class {label}: {key}={quote_input(value)} is not a number"
-                ) from None
-            if attr == "share":
-                if not (math.isfinite(number) and 0.0 <= number <= 1.0):
-                    raise UserError(
-                        f"workload class {label}: share={quote_input(value)} is out of range 0..1"
-                    )
-            elif not (math.isfinite(number) and 0.0 < number <= BYTES_MAX):
-                raise UserError(
-                    f"workload class {label}: {key}={quote_input(value)} is out of range; "
-                    f"bytes must be > 0 and <= {BYTES_MAX}"
-                )
-            values[attr] = number
-        if "batch" not in values or "share" not in values:
-            raise UserError(f"workload class {label} needs both b= and share=")
-        classes.append(TrafficClass(name=name, **values))
+    classes = [_parse_class(p.strip()) for p in str(text).split(",") if p.strip()]
     if not classes:
         raise UserError("workload is empty; example: edge:b=1:share=0.5,dc:b=256:share=0.5")
     names = [c.name for c in classes]
@@ -132,6 +85,61 @@ def parse_workload(text: str) -> tuple[TrafficClass, ...]:
     if abs(total - 1.0) > 1e-6:
         raise UserError(f"workload shares sum to {total:g}; they must sum to 1")
     return tuple(classes)
+
+
+def _parse_class(part: str) -> TrafficClass:
+    """One class of a workload: ``name:key=value:...``."""
+    name, *fields = part.split(":")
+    if not name or not re.fullmatch(r"[\w.-]+", name):
+        raise UserError(
+            f"workload class {quote_input(part)} needs a name first, as in edge:b=1:share=0.5"
+        )
+    label = quote_input(name)
+    values: dict[str, Any] = {}
+    given: dict[str, str] = {}  # attribute -> the field that set it
+    for field in fields:
+        key, sep, value = field.partition("=")
+        key = key.strip()
+        if not sep or key not in _KEYS:
+            raise UserError(
+                f"workload class {label}: {quote_input(field)} is not b=N, share=X, "
+                "in=BYTES or out=BYTES"
+            )
+        attr = _KEYS[key]
+        if attr in given:
+            raise UserError(
+                f"workload class {label} gives {key}= twice "
+                f"({quote_input(given[attr])} and {quote_input(field)})"
+            )
+        given[attr] = field
+        values[attr] = _parse_value(label, key, attr, value)
+    if "batch" not in values or "share" not in values:
+        raise UserError(f"workload class {label} needs both b= and share=")
+    return TrafficClass(name=name, **values)
+
+
+def _parse_value(label: str, key: str, attr: str, value: str) -> int | float:
+    """The value of one ``key=value`` field of class ``label``, checked against its range."""
+    if attr == "batch":
+        lo, hi = BATCH_RANGE
+        return parse_size(value, what=f"workload {label} batch", minimum=lo, maximum=hi)
+    try:
+        number = float(value)
+    except ValueError:
+        raise UserError(
+            f"workload class {label}: {key}={quote_input(value)} is not a number"
+        ) from None
+    if attr == "share":
+        if not (math.isfinite(number) and 0.0 <= number <= 1.0):
+            raise UserError(
+                f"workload class {label}: share={quote_input(value)} is out of range 0..1"
+            )
+    elif not (math.isfinite(number) and 0.0 < number <= BYTES_MAX):
+        raise UserError(
+            f"workload class {label}: {key}={quote_input(value)} is out of range; "
+            f"bytes must be > 0 and <= {BYTES_MAX}"
+        )
+    return number
 
 
 def subset_masks(n_vocab: int, max_heads: int) -> np.ndarray:
@@ -184,13 +192,66 @@ class Plan:
         return min(batch, b_max) if self.capped else batch
 
 
-def _class_model(model: CostModel, c: TrafficClass) -> CostModel:
+def _with_bytes(model: CostModel, prompt_bytes: float | None, output_bytes: float | None):
+    """``model`` with a traffic class's own S_in and S_out (None: the model's setting)."""
     s = dataclasses.replace(
         model.settings,
-        prompt_bytes=model.settings.prompt_bytes if c.prompt_bytes is None else c.prompt_bytes,
-        output_bytes=model.settings.output_bytes if c.output_bytes is None else c.output_bytes,
+        prompt_bytes=model.settings.prompt_bytes if prompt_bytes is None else prompt_bytes,
+        output_bytes=model.settings.output_bytes if output_bytes is None else output_bytes,
     )
     return CostModel(model.device, model.shape, s, model.compression, model.training)
+
+
+def _head_sets(j_hc, masks_sv, share_c):
+    """Every head set at once: J [S] (the share-weighted J of each class's best head in the set;
+    inf where a head serves nothing, which is the smaller set plus dead weight), the head each
+    class takes [S, C], and the set's size [S]. ``j_hc`` [V, C] is J of each head per class."""
+    in_set = jnp.where(masks_sv[:, :, None], j_hc[None, :, :], jnp.inf)  # [S, V, C]
+    route_sc = jnp.argmin(in_set, axis=1)
+    j_set = jnp.sum(jnp.min(in_set, axis=1) * share_c[None, :], axis=1)
+    used = jnp.any(jax.nn.one_hot(route_sc, j_hc.shape[0], dtype=bool), axis=1)  # [S, V]
+    j_set = jnp.where(jnp.all(used == masks_sv, axis=1), j_set, jnp.inf)
+    return j_set, route_sc, jnp.sum(masks_sv, axis=1)
+
+
+def _plan_grid(
+    model, v, masks_sv, route_b, batch_c, share_c, lam, *, class_bytes, cap_batch, quality
+):
+    """Everything ``make_plan`` reads, as arrays: the costs of each V for each traffic class
+    (at its batch, with its S_in and S_out from ``class_bytes``) and for the batch ladder
+    ``route_b`` (with the model's own settings), J of every single V and every head set, the
+    routes, break-even lambda on the mixed workload and the KV plan. Jitted once per model and
+    options (``jitted``); the workload's batches and shares and lambda are arguments."""
+    lam_l = lam[None]
+    allowed = allowed_vocab(quality, v, jnp.ones(v.shape, bool))
+    ladder = cost_grid(model, v, route_b, cap_batch=cap_batch)
+    per_class = [
+        cost_grid(_with_bytes(model, *io), v, batch_c[c : c + 1], cap_batch=cap_batch)
+        for c, io in enumerate(class_bytes)
+    ]
+    c_train = ladder.c_train
+    c_inf = jnp.concatenate([p.c_infer for p in per_class], axis=1)  # [V, C]
+    c_mix = jnp.sum(c_inf * share_c[None, :], axis=1)
+    j_set, route_sc, n_heads = _head_sets(
+        objective_grid(c_train, c_inf, lam_l, allowed)[:, :, 0], masks_sv, share_c
+    )
+    v_train = train_optimum(c_train, allowed)
+    return dict(
+        c_train=c_train,
+        c_inf=c_inf,
+        c_mix=c_mix,
+        j_single=objective_grid(c_train, c_mix[:, None], lam_l, allowed)[:, 0, 0],
+        j_set=j_set,
+        n_heads=n_heads,
+        route_sc=route_sc,
+        j_route=objective_grid(c_train, ladder.c_infer, lam_l, allowed)[:, :, 0],
+        v_train=v_train,
+        be=break_even_vs(c_train, c_mix, v_train, allowed),
+        b_max=jnp.stack([p.b_max for p in per_class], axis=1),
+        kv=jnp.stack([p.kv_bytes_per_seq for p in per_class], axis=1),
+        allowed=allowed,
+        route_b_max=ladder.b_max,
+    )
 
 
 def make_plan(
@@ -203,7 +264,8 @@ def make_plan(
     cap_batch: bool = True,
     quality: Quality | None = None,
 ) -> Plan:
-    """The best single V and nested head set for a mixed workload at one lambda."""
+    """The best single V and nested head set for a mixed workload at one lambda, in one jitted
+    call (``_plan_grid``, compiled once per model and options)."""
     vocab = tuple(sorted(set(int(v) for v in vocab)))
     if not vocab or min(vocab) <= 0:
         raise UserError("vocab sizes must be positive")
@@ -211,91 +273,34 @@ def make_plan(
         raise UserError(f"lambda must be a finite number >= 0, got {lam}")
     classes = tuple(classes)
     masks = subset_masks(len(vocab), max_heads)
-    models = [_class_model(model, c) for c in classes]
-    batches = np.asarray([c.batch for c in classes], np.float32)
-    shares = np.asarray([c.share for c in classes], np.float32)
-
-    def infer_point(m: CostModel, v, b):
-        return served_cost(m, v, b, cap_batch=cap_batch)[0]
-
-    def run(v, masks_sv, route_b):
-        c_train = jax.vmap(model.c_train)(v)
-        # one column per class: the classes' models differ only in static settings
-        c_inf = jnp.stack(
-            [
-                jax.vmap(infer_point, (None, 0, None))(m, v, b)
-                for m, b in zip(models, batches, strict=True)
-            ],
-            axis=1,
-        )
-        b_max = jnp.stack([jax.vmap(m.b_max)(v) for m in models], axis=1)
-        kv = jnp.stack([jax.vmap(m.kv_bytes_per_seq)(v) for m in models], axis=1)
-        allowed = allowed_vocab(quality, v, jnp.ones(v.shape, bool))
-        c_mix = jnp.sum(c_inf * shares[None, :], axis=1)
-        j_single = jnp.where(allowed, c_train + lam * c_mix if lam > 0 else c_train, jnp.inf)
-        # J of each head for each class, then of each head set: its classes' best heads
-        j_hc = c_train[:, None] + (lam * c_inf if lam > 0 else 0.0)  # [V, C]
-        j_hc = jnp.where(allowed[:, None], j_hc, jnp.inf)
-        in_set = jnp.where(masks_sv[:, :, None], j_hc[None, :, :], jnp.inf)  # [S, V, C]
-        route_sc = jnp.argmin(in_set, axis=1)
-        j_set = jnp.sum(jnp.min(in_set, axis=1) * shares[None, :], axis=1)
-        used = jnp.any(jax.nn.one_hot(route_sc, v.shape[0], dtype=bool), axis=1)  # [S, V]
-        n_heads = jnp.sum(masks_sv, axis=1)
-        # a set with a head that serves nothing is the smaller set plus dead weight
-        j_set = jnp.where(jnp.all(used == masks_sv, axis=1), j_set, jnp.inf)
-        # per-batch routing over a batch ladder with the base settings, same criterion
-        c_route = jax.vmap(jax.vmap(infer_point, (None, None, 0)), (None, 0, None))(
-            model, v, route_b
-        )
-        j_route = c_train[:, None] + (lam * c_route if lam > 0 else 0.0)
-        ct_masked = jnp.where(allowed, c_train, jnp.inf)
-        v_train = jnp.argmin(ct_masked)
-        be = break_even(c_train - c_train[v_train], c_mix[v_train] - c_mix)
-        return dict(
-            c_train=c_train,
-            c_inf=c_inf,
-            c_mix=c_mix,
-            j_single=j_single,
-            j_set=j_set,
-            n_heads=n_heads,
-            route_sc=route_sc,
-            j_route=j_route,
-            v_train=v_train,
-            be=jnp.where(allowed, be, jnp.inf),
-            b_max=b_max,
-            kv=kv,
-            allowed=allowed,
-            route_b_max=jax.vmap(model.b_max)(v),
-        )
-
-    out = jax.device_get(
-        jax.jit(run)(
-            jnp.asarray(vocab, jnp.float32),
-            jnp.asarray(masks),
-            jnp.asarray(ROUTE_BATCHES, jnp.float32),
-        )
+    class_bytes = tuple((c.prompt_bytes, c.output_bytes) for c in classes)
+    fn = jitted(_plan_grid, model, class_bytes=class_bytes, cap_batch=cap_batch, quality=quality)
+    out = fn(
+        jnp.asarray(vocab, jnp.float32),
+        jnp.asarray(masks),
+        jnp.asarray(ROUTE_BATCHES, jnp.float32),
+        jnp.asarray([c.batch for c in classes], jnp.float32),
+        jnp.asarray([c.share for c in classes], jnp.float32),
+        jnp.float32(lam),
     )
+    return _plan(vocab, classes, float(lam), masks, jax.device_get(out), capped=cap_batch)
+
+
+def _plan(vocab, classes, lam, masks, out, *, capped: bool) -> Plan:
+    """The plan from ``_plan_grid``'s arrays: the best single V and head set (ties keep fewer
+    heads), the best set of each size, and each batch of the ladder routed among the heads."""
     j_single, j_set = np.asarray(out["j_single"], np.float64), np.asarray(out["j_set"], np.float64)
     if not np.isfinite(j_single).any():
         raise UserError("no vocabulary size is allowed (quality bound) or fits on the device")
     single = int(np.argmin(j_single))
     best = int(np.argmin(j_set))  # masks are ordered by size, so ties keep fewer heads
     heads = tuple(int(i) for i in np.flatnonzero(masks[best]))
-    by_heads = []
-    n_heads = np.asarray(out["n_heads"])
-    for k in range(1, int(n_heads.max()) + 1):
-        sel = np.flatnonzero((n_heads == k) & np.isfinite(j_set))
-        if not len(sel):
-            break  # no set of k heads has every head serving traffic
-        i = int(sel[np.argmin(j_set[sel])])
-        by_heads.append((tuple(int(x) for x in np.flatnonzero(masks[i])), float(j_set[i])))
-    j_route = np.asarray(out["j_route"])  # [V, route batches]
     head_idx = np.asarray(heads)
-    batch_routes = tuple(int(head_idx[i]) for i in np.argmin(j_route[head_idx], axis=0))
+    j_route = np.asarray(out["j_route"])  # [V, route batches]
     return Plan(
         vocab=vocab,
         classes=classes,
-        lam=float(lam),
+        lam=lam,
         c_train=np.asarray(out["c_train"], np.float64),
         c_infer=np.asarray(out["c_inf"], np.float64),
         c_mix=np.asarray(out["c_mix"], np.float64),
@@ -304,17 +309,30 @@ def make_plan(
         heads=heads,
         heads_cost=float(j_set[best]),
         routes=tuple(int(r) for r in np.asarray(out["route_sc"])[best]),
-        by_heads=tuple(by_heads),
+        by_heads=_best_by_size(masks, j_set, np.asarray(out["n_heads"])),
         route_batches=ROUTE_BATCHES,
-        batch_routes=batch_routes,
+        batch_routes=tuple(int(head_idx[i]) for i in np.argmin(j_route[head_idx], axis=0)),
         break_even=np.asarray(out["be"], np.float64),
         v_train=int(out["v_train"]),
         b_max=np.asarray(out["b_max"]),
         kv_bytes_per_seq=np.asarray(out["kv"], np.float64),
         allowed=np.asarray(out["allowed"]),
         route_b_max=np.asarray(out["route_b_max"]),
-        capped=cap_batch,
+        capped=capped,
     )
+
+
+def _best_by_size(masks, j_set, n_heads) -> tuple[tuple[tuple[int, ...], float], ...]:
+    """The best set of 1, 2, ... heads and its J, up to the first size with no set whose every
+    head serves traffic."""
+    out = []
+    for k in range(1, int(n_heads.max()) + 1):
+        sel = np.flatnonzero((n_heads == k) & np.isfinite(j_set))
+        if not len(sel):
+            break
+        i = int(sel[np.argmin(j_set[sel])])
+        out.append((tuple(int(x) for x in np.flatnonzero(masks[i])), float(j_set[i])))
+    return tuple(out)
 
 
 def _lam_json(x: float) -> float | None:
