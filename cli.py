@@ -1463,8 +1463,9 @@ def autotune(vocab, batch, d_model, dtype, ops, quick, out, fmt):
     """
     from vocabjax import autotune as at
     from vocabjax.hardware import save_device
+    from vocabjax.timing import TimingSettings
 
-    settings = at.TimingSettings.quick() if quick else at.TimingSettings()
+    settings = TimingSettings.quick() if quick else TimingSettings()
     out = out or str(check_file_target(at.default_out(), what="--out"))
     run = at.autotune(
         vocabs=vocab or (at.QUICK_VOCABS if quick else at.DEFAULT_VOCABS),

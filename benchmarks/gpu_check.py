@@ -36,7 +36,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from vocabjax import autotune as at  # noqa: E402
-from vocabjax import render, unembed  # noqa: E402
+from vocabjax import render, timing, unembed  # noqa: E402
 from vocabjax.hardware import save_device  # noqa: E402
 from vocabjax.outputs import atomic_write_text  # noqa: E402
 
@@ -267,7 +267,7 @@ def main(argv=None) -> int:
         if args.cpu_try:
             grid = dict(vocabs=(1000, 4096), batches=(1, 16), d_model=64, dtype="f32")
             settings = dataclasses.replace(
-                at.TimingSettings.quick(),
+                timing.TimingSettings.quick(),
                 copy_bytes=32 * 2**20,
                 matmul_n={"f32": 512, "bf16": 512},
                 pallas_candidates=1,
@@ -275,7 +275,7 @@ def main(argv=None) -> int:
         else:
             grid = dict(vocabs=(32768, 131072), batches=(1, 16, 256), d_model=768, dtype="bf16")
             settings = dataclasses.replace(
-                at.TimingSettings(), pallas_candidates=args.pallas_candidates
+                timing.TimingSettings(), pallas_candidates=args.pallas_candidates
             )
         run = at.autotune(
             **grid,

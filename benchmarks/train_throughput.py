@@ -8,7 +8,7 @@ update) of the same backbone with one head of each vocabulary size, side by side
 Each V is its own model (an embedding table and an untied head of V rows, as a model trained at
 that V has), built from the same seed; the tokens are uniform random ids below V (a step's time
 does not depend on which ids it sees). All the models are built first, then their steps are
-compiled and timed round-robin on fixed inputs (``autotune.time_interleaved``: each round runs
+compiled and timed round-robin on fixed inputs (``timing.time_interleaved``: each round runs
 every V once, so all see the same machine load), the median of ``--repeats`` rounds. Printed: tokens/s per V, and the ratio of the first V's tokens/s to
 each other V's beside the cost model's FLOP ratio (6 (N_nv + V D) per token, plus attention at
 ``--seq-len`` in the full mode) and, for 8k -> 262k, the source paper's 2.4x (DESIGN.md's
@@ -30,12 +30,12 @@ import numpy as np  # noqa: E402
 from _report import header  # noqa: E402
 
 from vocabjax import render  # noqa: E402
-from vocabjax.autotune import TimingSettings, time_interleaved  # noqa: E402
 from vocabjax.costmodel import CostModel  # noqa: E402
 from vocabjax.costmodel import Settings as CostSettings  # noqa: E402
 from vocabjax.hardware import load_device  # noqa: E402
 from vocabjax.outputs import SCHEMA, atomic_write_json  # noqa: E402
 from vocabjax.shapes import load_shape  # noqa: E402
+from vocabjax.timing import TimingSettings, time_interleaved  # noqa: E402
 from vocabjax.train import CorpusSpec, RunConfig  # noqa: E402
 from vocabjax.train.steps import init_params, make_train_step, optimizer, stepping  # noqa: E402
 from vocabjax.units import parse_size_list  # noqa: E402

@@ -47,7 +47,7 @@ import jax.numpy as jnp  # noqa: E402
 from _report import header  # noqa: E402
 
 from vocabjax import autotune as at  # noqa: E402
-from vocabjax import render, unembed  # noqa: E402
+from vocabjax import render, timing, unembed  # noqa: E402
 from vocabjax.units import parse_size_list  # noqa: E402
 
 
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     }
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
 
-    settings = at.TimingSettings(
+    settings = timing.TimingSettings(
         warmup=2,
         repeats=args.repeats,
         min_repeats=3,
@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     compare = dataclasses.replace(settings, repeats=max(15, args.repeats))
     ceilings = at.measure_ceilings(tuple(dict.fromkeys((args.dtype, *at.DTYPES))), settings, say)
     read_fn, read_bytes = read_probe(settings.copy_bytes)
-    read_bw = read_bytes / at.time_call(read_fn, [()], settings, fastest=True)
+    read_bw = read_bytes / timing.time_call(read_fn, [()], settings, fastest=True)
     say(f"read-only stream: {read_bw / 1e9:.1f} GB/s")
     runs = (
         []
@@ -141,9 +141,9 @@ def main(argv=None) -> int:
                     fns = [fn_xla, fn_auto, fn_xla]
                     streams = op == "greedy" and batch == 1
                     if streams:  # the copy and read streams in the same rounds as the kernel
-                        copy_fn, copy_bytes = at.copy_probe(settings.copy_bytes)
+                        copy_fn, copy_bytes = timing.copy_probe(settings.copy_bytes)
                         fns += [copy_fn, read_fn]
-                    t_xla, t_auto, t_xla2, *t_streams = at.time_interleaved(fns, sets, compare)
+                    t_xla, t_auto, t_xla2, *t_streams = timing.time_interleaved(fns, sets, compare)
                     t_xla_mean = (t_xla + t_xla2) / 2
                     noise = abs(t_xla - t_xla2) / t_xla_mean
                     choice = unembed.select(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -12,9 +11,10 @@ from vocabjax import autotune as at
 from vocabjax import unembed
 from vocabjax.errors import UserError
 from vocabjax.hardware import KernelTiming, load_device, save_device
+from vocabjax.timing import TimingSettings
 
 TINY = dataclasses.replace(
-    at.TimingSettings.quick(),
+    TimingSettings.quick(),
     repeats=3,
     rotate_bytes=2 * 2**20,
     copy_bytes=16 * 2**20,
@@ -101,37 +101,6 @@ def test_a_wrong_candidate_is_reported_and_never_timed(monkeypatch, ceilings):
     assert "max abs error" in run.failures[0].error or "out of range" in run.failures[0].error
     assert {r.impl for r in run.profile.kernels} == {"xla"}
     assert [r.impl for r in run.profile.best] == ["xla"]
-
-
-def test_time_call_rotates_inputs_and_takes_the_median():
-    seen = []
-
-    def fn(x):
-        seen.append(int(x[0]))
-        return x
-
-    sets = [(jnp.full((2,), i),) for i in range(3)]
-    t = at.time_call(fn, sets, dataclasses.replace(TINY, warmup=2, repeats=5))
-    assert t >= 0 and set(seen) == {0, 1, 2} and len(seen) == 1 + 1 + 5
-
-
-def test_time_interleaved_calls_every_candidate_each_round():
-    calls = []
-
-    def make(name):
-        def fn(x):
-            calls.append((name, int(x[0])))
-            return x
-
-        return fn
-
-    sets = [(jnp.full((2,), i),) for i in range(2)]
-    settings = dataclasses.replace(TINY, warmup=2, repeats=4)
-    times = at.time_interleaved([make("a"), make("b")], sets, settings)
-    assert len(times) == 2 and min(times) >= 0
-    timed = calls[4:]  # one compile call and one warm-up call each
-    assert [n for n, _ in timed] == ["a", "b", "b", "a", "a", "b", "b", "a"]
-    assert {i for _, i in timed} == {0, 1}
 
 
 def test_candidates_skip_pallas_on_cpu_and_start_with_the_baseline():

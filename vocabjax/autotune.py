@@ -32,7 +32,6 @@ import dataclasses
 import datetime
 import math
 import os
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -45,6 +44,7 @@ from vocabjax import unembed
 from vocabjax.errors import UserError
 from vocabjax.hardware import BYTES_PER_ELEMENT, DTYPES, DeviceProfile, KernelTiming
 from vocabjax.progress import Progress
+from vocabjax.timing import TimingSettings, block, copy_probe, time_call, time_interleaved
 
 DEFAULT_VOCABS: tuple[int, ...] = tuple(2**p for p in range(13, 20))  # 8k .. 512k
 DEFAULT_BATCHES: tuple[int, ...] = tuple(2**p for p in range(0, 10))  # 1 .. 512
@@ -53,46 +53,6 @@ QUICK_BATCHES: tuple[int, ...] = (1, 8, 64)
 DEFAULT_D_MODEL = 768  # GPT-2 small's width; pass the served model's d_model
 QUICK_OPS: tuple[str, ...] = ("greedy", "linear_cross_entropy")
 TOP_K = 50  # k of the timed top_k op (a common sampling cut-off)
-
-
-@dataclasses.dataclass(frozen=True)
-class TimingSettings:
-    """How hard autotune measures; ``quick()`` fits in minutes on two CPU cores."""
-
-    warmup: int = 2  # untimed calls before timing (the first also compiles)
-    repeats: int = 7  # timed calls; the median is kept
-    min_repeats: int = 3  # calls slower than ``slow_call_s`` drop to this many repeats
-    slow_call_s: float = 0.5  # above this, one warm-up and ``min_repeats`` repeats
-    rotate_bytes: int = 256 * 2**20  # input sets rotate until this many bytes are touched
-    max_sets: int = 8  # at most this many input sets
-    copy_bytes: int = 512 * 2**20  # the bandwidth probe copies an array of this size
-    matmul_n: dict[str, int] = dataclasses.field(
-        default_factory=lambda: {"f32": 4096, "bf16": 4096}
-    )  # square matmul size per dtype for peak FLOP/s
-    chunk_candidates: str = "all"  # "all" or "quick" (default tile and two neighbours)
-    pallas_candidates: int = 0  # per Pallas kernel, try at most this many tilings (0: all)
-    # A candidate becomes a point's ``best`` only if it beats xla by more than this fraction:
-    # a smaller gain is within the repeat-to-repeat noise of a shared machine, and the
-    # baseline is the one choice that cannot be slower than itself.
-    baseline_margin: float = 0.05
-    # A point whose best is not xla is timed again, winner against xla alone, in this many
-    # more rounds; it keeps the winner only if it is still ahead by the margin (0: no check).
-    # Load on a shared host drifts within minutes, and one lucky round set should not decide.
-    confirm_repeats: int = 9
-
-    @classmethod
-    def quick(cls) -> TimingSettings:
-        return cls(
-            warmup=1,
-            repeats=5,
-            min_repeats=3,
-            slow_call_s=0.2,
-            rotate_bytes=128 * 2**20,
-            max_sets=8,
-            copy_bytes=128 * 2**20,
-            matmul_n={"f32": 1024, "bf16": 1024},
-            chunk_candidates="quick",
-        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,93 +170,7 @@ def _point(r: KernelTiming) -> tuple:
 
 
 # --------------------------------------------------------------------------------------------
-# Timing
-
-
-def _block(x: Any) -> None:
-    jax.tree_util.tree_map(
-        lambda a: a.block_until_ready() if hasattr(a, "block_until_ready") else a, x
-    )
-
-
-def time_call(
-    fn: Callable[..., Any],
-    arg_sets: Sequence[tuple],
-    settings: TimingSettings,
-    *,
-    fastest: bool = False,
-) -> float:
-    """Median wall time of ``fn(*args)``; call i uses ``arg_sets[i % len(arg_sets)]``.
-
-    ``fastest=True`` returns the fastest repeat instead: what the ceilings use, since a ceiling
-    is the best the device does (on a shared machine the median also counts other jobs).
-    """
-    t0 = time.perf_counter()
-    _block(fn(*arg_sets[0]))  # compiles
-    first = time.perf_counter() - t0
-    slow = first > 4 * settings.slow_call_s
-    for i in range(0 if slow else settings.warmup - 1):
-        _block(fn(*arg_sets[(i + 1) % len(arg_sets)]))
-    times = []
-    repeats = settings.min_repeats if slow else settings.repeats
-    for i in range(repeats):
-        args = arg_sets[(i + 1) % len(arg_sets)]
-        t0 = time.perf_counter()
-        _block(fn(*args))
-        times.append(time.perf_counter() - t0)
-        if i + 1 >= settings.min_repeats and times[0] > settings.slow_call_s:
-            break
-    return min(times) if fastest else statistics.median(times)
-
-
-def time_interleaved(
-    fns: Sequence[Callable[..., Any]], arg_sets: Sequence[tuple], settings: TimingSettings
-) -> list[float]:
-    """Median wall time of each of ``fns``, timed round-robin: every round calls each function
-    once (starting at a different one each round), so all of them see the same machine load;
-    consecutive calls take consecutive input sets. Slow points get fewer rounds."""
-    if not fns:
-        return []
-    n = len(arg_sets)
-    firsts = []
-    for fn in fns:  # compiles (the functions were already checked once)
-        t0 = time.perf_counter()
-        _block(fn(*arg_sets[0]))
-        firsts.append(time.perf_counter() - t0)
-    slow = min(firsts) > 4 * settings.slow_call_s
-    call = 0
-    for _ in range(0 if slow else settings.warmup - 1):
-        for fn in fns:
-            call += 1
-            _block(fn(*arg_sets[call % n]))
-    times: list[list[float]] = [[] for _ in fns]
-    for r in range(settings.min_repeats if slow else settings.repeats):
-        for k in range(len(fns)):
-            j = (r + k) % len(fns)
-            call += 1
-            args = arg_sets[call % n]
-            t0 = time.perf_counter()
-            _block(fns[j](*args))
-            times[j].append(time.perf_counter() - t0)
-        if r + 1 >= settings.min_repeats and min(t[0] for t in times) > settings.slow_call_s:
-            break
-    return [statistics.median(t) for t in times]
-
-
-def copy_probe(nbytes: int) -> tuple[Callable[..., jax.Array], int]:
-    """(step, bytes moved per call): ``x <- x + 1`` on an f32 array of ``nbytes`` with the input
-    donated, so each call reads and writes a buffer the device already holds (a fresh output
-    each call would time the allocator's page faults on a CPU). ``step`` ignores its arguments.
-    """
-    n = nbytes // 4
-    add = jax.jit(lambda x: x + jnp.float32(1), donate_argnums=0)
-    state = [jnp.zeros((n,), jnp.float32)]
-
-    def step(*_):
-        state[0] = add(state[0])
-        return state[0]
-
-    return step, 2 * n * 4
+# Ceilings
 
 
 def measure_ceilings(
@@ -507,82 +381,134 @@ def autotune(
     settings = settings or TimingSettings()
     say = progress or (lambda _m: None)
     _check_grid(vocabs, batches, d_model, dtype, ops)
-    backend = jax.default_backend()
-    device = jax.devices()[0]
     if ceilings is None:
         ceilings = measure_ceilings(tuple(dict.fromkeys((dtype, *DTYPES))), settings, say)
-    points = [(op, v, b) for op in ops for v in vocabs for b in batches]
+    grid = [(op, v, b) for op in ops for v in vocabs for b in batches]
     kernels: list[KernelTiming] = []
     best: list[KernelTiming] = []
     failures: list[Failure] = []
     unconfirmed: list[KernelTiming] = []
-    for n, (op, vocab, batch) in enumerate(points, 1):
-        where = f"[{n}/{len(points)}] {op} V={vocab} B={batch} D={d_model} {dtype}"
-        set_bytes = (vocab + batch) * d_model * BYTES_PER_ELEMENT[dtype]
-        n_sets = max(2, min(settings.max_sets, math.ceil(settings.rotate_bytes / set_bytes)))
-        sets = _inputs(vocab, batch, d_model, dtype, n_sets, seed=n)
-        ref = _block_out(_op_fn(op, Candidate("xla", None))(*sets[0]))
-        floor = ceilings.floor_s(op, vocab, batch, d_model, dtype)
-        passed: list[tuple[Candidate, Callable[..., Any]]] = []
-        for cand in candidates(
-            op,
-            vocab,
-            batch,
-            d_model,
-            dtype,
-            backend=backend,
-            settings=settings,
-            include_interpret=include_interpret,
-        ):
-            fn = _op_fn(op, cand)
-            try:
-                problem = _agree(op, _block_out(fn(*sets[0])), ref, sets[0])
-            except Exception as exc:  # a kernel that does not compile for this shape
-                problem = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-            if problem:
-                failures.append(Failure(op, vocab, batch, cand.impl, cand.blocks_json, problem))
-                say(f"{where} {cand.label()}: FAILED check ({problem}); not timed")
-                continue
-            passed.append((cand, fn))
-        times = time_interleaved([fn for _, fn in passed], sets, settings)
-        point_rows = []
-        for (cand, _), t in zip(passed, times, strict=True):
-            row = KernelTiming(
-                op=op,
-                vocab=vocab,
-                batch=batch,
-                d_model=d_model,
-                dtype=dtype,
+    for n, (op, vocab, batch) in enumerate(grid, 1):
+        where = f"[{n}/{len(grid)}] {op} V={vocab} B={batch} D={d_model} {dtype}"
+        point = _Point(op, vocab, batch, d_model, dtype, where)
+        sets = _inputs(vocab, batch, d_model, dtype, point.input_sets(settings), seed=n)
+        passed, failed = _check_candidates(point, sets, settings, include_interpret, say)
+        failures.extend(failed)
+        rows = _time_candidates(point, passed, sets, ceilings, settings, say)
+        kernels.extend(rows)
+        if rows:
+            pick, lost = _pick(point, rows, passed, sets, settings, say)
+            best.append(pick)
+            unconfirmed.extend(lost)
+    profile = _measured_profile(kernels, best, ceilings, name)
+    return Run(
+        profile, ceilings, tuple(failures), time.perf_counter() - t_start, tuple(unconfirmed)
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Point:
+    """One (op, V, B) of an autotune grid, at the run's d_model and dtype."""
+
+    op: str
+    vocab: int
+    batch: int
+    d_model: int
+    dtype: str
+    where: str  # the prefix of this point's progress lines
+
+    def input_sets(self, settings: TimingSettings) -> int:
+        """How many input sets the point's calls rotate through: enough to touch
+        ``rotate_bytes``, 2 to ``max_sets``."""
+        set_bytes = (self.vocab + self.batch) * self.d_model * BYTES_PER_ELEMENT[self.dtype]
+        return max(2, min(settings.max_sets, math.ceil(settings.rotate_bytes / set_bytes)))
+
+
+def _check_candidates(
+    p: _Point, sets, settings: TimingSettings, include_interpret: bool, say: Progress
+) -> tuple[list[tuple[Candidate, Callable[..., Any]]], list[Failure]]:
+    """(candidate, its jitted function) for every candidate that agrees with the reference on
+    the first input set, and a ``Failure`` for each one that does not (or does not compile)."""
+    ref = block(_op_fn(p.op, Candidate("xla", None))(*sets[0]))
+    passed: list[tuple[Candidate, Callable[..., Any]]] = []
+    failures: list[Failure] = []
+    for cand in candidates(
+        p.op,
+        p.vocab,
+        p.batch,
+        p.d_model,
+        p.dtype,
+        backend=jax.default_backend(),
+        settings=settings,
+        include_interpret=include_interpret,
+    ):
+        fn = _op_fn(p.op, cand)
+        try:
+            problem = _agree(p.op, block(fn(*sets[0])), ref, sets[0])
+        except Exception as exc:  # a kernel that does not compile for this shape
+            problem = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        if problem:
+            failures.append(Failure(p.op, p.vocab, p.batch, cand.impl, cand.blocks_json, problem))
+            say(f"{p.where} {cand.label()}: FAILED check ({problem}); not timed")
+            continue
+        passed.append((cand, fn))
+    return passed, failures
+
+
+def _time_candidates(
+    p: _Point, passed, sets, ceilings: Ceilings, settings: TimingSettings, say: Progress
+) -> list[KernelTiming]:
+    """One row per checked candidate, timed side by side (``time_interleaved``)."""
+    floor = ceilings.floor_s(p.op, p.vocab, p.batch, p.d_model, p.dtype)
+    times = time_interleaved([fn for _, fn in passed], sets, settings)
+    rows = []
+    for (cand, _), t in zip(passed, times, strict=True):
+        rows.append(
+            KernelTiming(
+                op=p.op,
+                vocab=p.vocab,
+                batch=p.batch,
+                d_model=p.d_model,
+                dtype=p.dtype,
                 impl=cand.impl,
                 blocks=cand.blocks_json,
                 time_s=t,
                 roofline_fraction=floor / t,
             )
-            point_rows.append(row)
-            say(f"{where} {cand.label()}: {t * 1e3:.3f} ms ({floor / t:.2f} of roofline)")
-        kernels.extend(point_rows)
-        if not point_rows:
-            continue
-        pick = _best(point_rows, settings.baseline_margin)
-        xla_at = next((i for i, (c, _) in enumerate(passed) if c.impl == "xla"), None)
-        if pick.impl != "xla" and xla_at is not None and settings.confirm_repeats:
-            won_at = point_rows.index(pick)
-            t_xla, t_won = time_interleaved(
-                [passed[xla_at][1], passed[won_at][1]],
-                sets,
-                dataclasses.replace(settings, repeats=settings.confirm_repeats),
-            )
-            kept = t_won < t_xla * (1 - settings.baseline_margin)
-            say(
-                f"{where} confirm {passed[won_at][0].label()} against xla: "
-                f"{t_won * 1e3:.3f} vs {t_xla * 1e3:.3f} ms -> " + ("kept" if kept else "xla kept")
-            )
-            if not kept:
-                unconfirmed.append(pick)
-                pick = point_rows[xla_at]
-        best.append(pick)
+        )
+        say(f"{p.where} {cand.label()}: {t * 1e3:.3f} ms ({floor / t:.2f} of roofline)")
+    return rows
+
+
+def _pick(
+    p: _Point, rows, passed, sets, settings: TimingSettings, say: Progress
+) -> tuple[KernelTiming, list[KernelTiming]]:
+    """The point's best row (``_best``), and the first-pass winner if it lost the confirming
+    rounds against xla alone (then xla is the best)."""
+    pick = _best(rows, settings.baseline_margin)
+    xla_at = next((i for i, (c, _) in enumerate(passed) if c.impl == "xla"), None)
+    if pick.impl == "xla" or xla_at is None or not settings.confirm_repeats:
+        return pick, []
+    won_at = rows.index(pick)
+    t_xla, t_won = time_interleaved(
+        [passed[xla_at][1], passed[won_at][1]],
+        sets,
+        dataclasses.replace(settings, repeats=settings.confirm_repeats),
+    )
+    kept = t_won < t_xla * (1 - settings.baseline_margin)
+    say(
+        f"{p.where} confirm {passed[won_at][0].label()} against xla: "
+        f"{t_won * 1e3:.3f} vs {t_xla * 1e3:.3f} ms -> " + ("kept" if kept else "xla kept")
+    )
+    return (pick, []) if kept else (rows[xla_at], [pick])
+
+
+def _measured_profile(kernels, best, ceilings: Ceilings, name: str | None) -> DeviceProfile:
+    """The measured profile of this device: its ceilings, every timed row and the best."""
+    backend = jax.default_backend()
+    device = jax.devices()[0]
     kind = str(getattr(device, "device_kind", backend))
-    profile = DeviceProfile(
+    return DeviceProfile(
         name=name or _device_name(kind),
         peak_flops=dict(ceilings.peak_flops),
         hbm_bandwidth=ceilings.hbm_bandwidth,
@@ -596,9 +522,6 @@ def autotune(
         best=tuple(best),
         measured=True,
     )
-    return Run(
-        profile, ceilings, tuple(failures), time.perf_counter() - t_start, tuple(unconfirmed)
-    )
 
 
 def _best(rows: Sequence[KernelTiming], margin: float) -> KernelTiming:
@@ -608,11 +531,6 @@ def _best(rows: Sequence[KernelTiming], margin: float) -> KernelTiming:
     if baseline is not None and fastest.time_s >= baseline.time_s * (1 - margin):
         return baseline
     return fastest
-
-
-def _block_out(x):
-    _block(x)
-    return x
 
 
 def _check_grid(vocabs, batches, d_model, dtype, ops) -> None:

@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from vocabjax.autotune import TimingSettings, time_call
 from vocabjax.models import GPT, head_loss
+from vocabjax.timing import TimingSettings, time_call
 from vocabjax.train.config import RunConfig
 
 Params = dict[str, jax.Array]
@@ -156,7 +156,7 @@ def _is_float(x) -> bool:
 def stepping(step, params: Params, opt_state, batch_hbt: jax.Array) -> Callable[..., Any]:
     """A call that runs ``step`` once from where the previous call left off, starting on copies
     of ``params`` and ``opt_state`` (the step donates its state; the caller's arrays stay
-    valid). Its arguments are ignored, so it fits ``autotune``'s timers."""
+    valid). Its arguments are ignored, so it fits ``vocabjax.timing``'s timers."""
     state = [jax.tree.map(jnp.copy, (params, opt_state))]
 
     def call(*_):
@@ -168,7 +168,7 @@ def stepping(step, params: Params, opt_state, batch_hbt: jax.Array) -> Callable[
 
 
 def time_step(step, params: Params, opt_state, batch_hbt: jax.Array, *, repeats: int) -> float:
-    """Median wall seconds of one ``step`` after a compiling call (``autotune.time_call``, every
+    """Median wall seconds of one ``step`` after a compiling call (``timing.time_call``, every
     repeat kept however slow the step is), each call continuing from the last (``stepping``)."""
     settings = TimingSettings(warmup=1, repeats=repeats, min_repeats=repeats, slow_call_s=math.inf)
     return time_call(stepping(step, params, opt_state, batch_hbt), [()], settings)

@@ -24,9 +24,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from vocabjax.autotune import TimingSettings
 from vocabjax.errors import UserError
 from vocabjax.shapes import BUILTIN_SHAPES, ModelShape
+from vocabjax.timing import TimingSettings
 
 Family = Literal["decode", "prefill", "train", "backbone", "attention", "unembedding"]
 STEP_FAMILIES: tuple[str, ...] = ("decode", "prefill", "train")

@@ -40,13 +40,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from vocabjax.autotune import time_interleaved
 from vocabjax.errors import UserError
 from vocabjax.models import GPT, GPTConfig
 from vocabjax.models.gpt import LayerCache
 from vocabjax.progress import Progress
 from vocabjax.serving.engine import MIN_BUCKET, Engine, LoadedRun, Sampling
 from vocabjax.shapes import ModelShape
+from vocabjax.timing import time_interleaved
 from vocabjax.train import CorpusSpec, Functional, HeadTokenizer, RunConfig
 from vocabjax.train.steps import make_train_step, optimizer
 from vocabjax.validation.grid import Grid, Point

@@ -1,0 +1,100 @@
+"""vocabjax.timing: the timers call what they should, in the order they should, and block."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vocabjax.timing import TimingSettings, block, copy_probe, time_call, time_interleaved
+
+FAST = TimingSettings(warmup=1, repeats=3, min_repeats=3)
+
+
+def test_time_call_rotates_inputs_and_takes_the_median():
+    seen = []
+
+    def fn(x):
+        seen.append(int(x[0]))
+        return x
+
+    sets = [(jnp.full((2,), i),) for i in range(3)]
+    t = time_call(fn, sets, dataclasses.replace(FAST, warmup=2, repeats=5))
+    assert t >= 0 and set(seen) == {0, 1, 2} and len(seen) == 1 + 1 + 5
+
+
+def test_time_interleaved_calls_every_candidate_each_round():
+    calls = []
+
+    def make(name):
+        def fn(x):
+            calls.append((name, int(x[0])))
+            return x
+
+        return fn
+
+    sets = [(jnp.full((2,), i),) for i in range(2)]
+    settings = dataclasses.replace(FAST, warmup=2, repeats=4)
+    times = time_interleaved([make("a"), make("b")], sets, settings)
+    assert len(times) == 2 and min(times) >= 0
+    timed = calls[4:]  # one compile call and one warm-up call each
+    assert [n for n, _ in timed] == ["a", "b", "b", "a", "a", "b", "b", "a"]
+    assert {i for _, i in timed} == {0, 1}
+
+
+class _Clock:
+    """A stand-in for ``time.perf_counter`` that a call moves on by a scripted duration."""
+
+    def __init__(self, durations):
+        self.now, self.durations = 0.0, list(durations)
+
+    def __call__(self) -> float:
+        return self.now
+
+    def call(self, *_):
+        self.now += self.durations.pop(0)
+
+
+def _clock(monkeypatch, durations) -> _Clock:
+    from vocabjax import timing
+
+    clock = _Clock(durations)
+    monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=clock))
+    return clock
+
+
+def test_the_compiling_call_is_not_timed_and_fastest_is_the_least_repeat(monkeypatch):
+    clock = _clock(monkeypatch, [9.0, 0.3, 0.1, 0.2] * 2)  # compile, then three repeats
+    settings = dataclasses.replace(FAST, slow_call_s=10.0)
+    assert time_call(clock.call, [()], settings) == pytest.approx(0.2)
+    assert time_call(clock.call, [()], settings, fastest=True) == pytest.approx(0.1)
+
+
+def test_a_slow_function_gets_no_warm_up_and_min_repeats(monkeypatch):
+    clock = _clock(monkeypatch, [5.0, 2.0, 3.0])
+    settings = dataclasses.replace(FAST, warmup=3, repeats=9, min_repeats=2, slow_call_s=1.0)
+    assert time_call(clock.call, [()], settings) == pytest.approx(2.5)
+    assert not clock.durations  # the compiling call and two repeats, nothing more
+
+
+def test_time_interleaved_gives_each_function_its_own_median(monkeypatch):
+    # compile a, b; then rounds a b, b a, a b (warmup=1: no warm-up round)
+    clock = _clock(monkeypatch, [1.0, 1.0, 0.1, 0.5, 0.6, 0.2, 0.3, 0.4])
+    settings = dataclasses.replace(FAST, slow_call_s=10.0)
+    times = time_interleaved([clock.call, clock.call], [()], settings)
+    assert times == pytest.approx([0.2, 0.5])
+
+
+def test_copy_probe_adds_one_per_call_in_place():
+    step, moved = copy_probe(4096)
+    assert moved == 2 * 4096
+    step()
+    np.testing.assert_array_equal(np.asarray(block(step())), np.full(1024, 2.0, np.float32))
+
+
+def test_block_returns_its_tree():
+    tree = {"a": jnp.ones(3), "b": [1, "text"]}
+    assert block(tree) is tree

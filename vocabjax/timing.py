@@ -1,0 +1,152 @@
+"""Wall-clock timing of jitted calls: one set of primitives for autotune, training throughput,
+validation and the benchmarks.
+
+    t = time_call(fn, [(x,), (y,)], TimingSettings())        # median seconds of fn(*args)
+    t_a, t_b = time_interleaved([fa, fb], sets, settings)     # side by side, round-robin
+
+Every timed call blocks until its outputs are ready, and the first call of each function (which
+compiles) is never timed. ``time_interleaved`` times several functions in rounds that call each
+once, so all of them see the same machine load; ratios measured that way are the ones a shared
+machine can be trusted with. Consecutive calls take consecutive input sets, so a function does
+not find its inputs in a cache the previous call warmed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class TimingSettings:
+    """How hard a measurement measures; ``quick()`` fits autotune in minutes on two CPU cores.
+    The timers read the first four fields; the rest are autotune's (its probes and search)."""
+
+    warmup: int = 2  # untimed calls before timing (the first also compiles)
+    repeats: int = 7  # timed calls; the median is kept
+    min_repeats: int = 3  # calls slower than ``slow_call_s`` drop to this many repeats
+    slow_call_s: float = 0.5  # above this, one warm-up and ``min_repeats`` repeats
+    rotate_bytes: int = 256 * 2**20  # input sets rotate until this many bytes are touched
+    max_sets: int = 8  # at most this many input sets
+    copy_bytes: int = 512 * 2**20  # the bandwidth probe copies an array of this size
+    matmul_n: dict[str, int] = dataclasses.field(
+        default_factory=lambda: {"f32": 4096, "bf16": 4096}
+    )  # square matmul size per dtype for peak FLOP/s
+    chunk_candidates: str = "all"  # "all" or "quick" (default tile and two neighbours)
+    pallas_candidates: int = 0  # per Pallas kernel, try at most this many tilings (0: all)
+    # A candidate becomes a point's ``best`` only if it beats xla by more than this fraction:
+    # a smaller gain is within the repeat-to-repeat noise of a shared machine, and the
+    # baseline is the one choice that cannot be slower than itself.
+    baseline_margin: float = 0.05
+    # A point whose best is not xla is timed again, winner against xla alone, in this many
+    # more rounds; it keeps the winner only if it is still ahead by the margin (0: no check).
+    # Load on a shared host drifts within minutes, and one lucky round set should not decide.
+    confirm_repeats: int = 9
+
+    @classmethod
+    def quick(cls) -> TimingSettings:
+        return cls(
+            warmup=1,
+            repeats=5,
+            min_repeats=3,
+            slow_call_s=0.2,
+            rotate_bytes=128 * 2**20,
+            max_sets=8,
+            copy_bytes=128 * 2**20,
+            matmul_n={"f32": 1024, "bf16": 1024},
+            chunk_candidates="quick",
+        )
+
+
+def block(x: Any) -> Any:
+    """Wait until every array in ``x`` (any pytree) is computed; returns ``x``."""
+    jax.tree_util.tree_map(
+        lambda a: a.block_until_ready() if hasattr(a, "block_until_ready") else a, x
+    )
+    return x
+
+
+def time_call(
+    fn: Callable[..., Any],
+    arg_sets: Sequence[tuple],
+    settings: TimingSettings,
+    *,
+    fastest: bool = False,
+) -> float:
+    """Median wall time of ``fn(*args)``; call i uses ``arg_sets[i % len(arg_sets)]``.
+
+    ``fastest=True`` returns the fastest repeat instead: what the ceilings use, since a ceiling
+    is the best the device does (on a shared machine the median also counts other jobs).
+    """
+    t0 = time.perf_counter()
+    block(fn(*arg_sets[0]))  # compiles
+    first = time.perf_counter() - t0
+    slow = first > 4 * settings.slow_call_s
+    for i in range(0 if slow else settings.warmup - 1):
+        block(fn(*arg_sets[(i + 1) % len(arg_sets)]))
+    times = []
+    repeats = settings.min_repeats if slow else settings.repeats
+    for i in range(repeats):
+        args = arg_sets[(i + 1) % len(arg_sets)]
+        t0 = time.perf_counter()
+        block(fn(*args))
+        times.append(time.perf_counter() - t0)
+        if i + 1 >= settings.min_repeats and times[0] > settings.slow_call_s:
+            break
+    return min(times) if fastest else statistics.median(times)
+
+
+def time_interleaved(
+    fns: Sequence[Callable[..., Any]], arg_sets: Sequence[tuple], settings: TimingSettings
+) -> list[float]:
+    """Median wall time of each of ``fns``, timed round-robin: every round calls each function
+    once (starting at a different one each round), so all of them see the same machine load;
+    consecutive calls take consecutive input sets. Slow points get fewer rounds."""
+    if not fns:
+        return []
+    n = len(arg_sets)
+    firsts = []
+    for fn in fns:  # compiles (the functions were already checked once)
+        t0 = time.perf_counter()
+        block(fn(*arg_sets[0]))
+        firsts.append(time.perf_counter() - t0)
+    slow = min(firsts) > 4 * settings.slow_call_s
+    call = 0
+    for _ in range(0 if slow else settings.warmup - 1):
+        for fn in fns:
+            call += 1
+            block(fn(*arg_sets[call % n]))
+    times: list[list[float]] = [[] for _ in fns]
+    for r in range(settings.min_repeats if slow else settings.repeats):
+        for k in range(len(fns)):
+            j = (r + k) % len(fns)
+            call += 1
+            args = arg_sets[call % n]
+            t0 = time.perf_counter()
+            block(fns[j](*args))
+            times[j].append(time.perf_counter() - t0)
+        if r + 1 >= settings.min_repeats and min(t[0] for t in times) > settings.slow_call_s:
+            break
+    return [statistics.median(t) for t in times]
+
+
+def copy_probe(nbytes: int) -> tuple[Callable[..., jax.Array], int]:
+    """(step, bytes moved per call): ``x <- x + 1`` on an f32 array of ``nbytes`` with the input
+    donated, so each call reads and writes a buffer the device already holds (a fresh output
+    each call would time the allocator's page faults on a CPU). ``step`` ignores its arguments.
+    """
+    n = nbytes // 4
+    add = jax.jit(lambda x: x + jnp.float32(1), donate_argnums=0)
+    state = [jnp.zeros((n,), jnp.float32)]
+
+    def step(*_):
+        state[0] = add(state[0])
+        return state[0]
+
+    return step, 2 * n * 4
