@@ -323,6 +323,40 @@ def linear_cross_entropy(
     if not isinstance(z_loss, int | float) or not math.isfinite(z_loss) or z_loss < 0:
         raise UserError(f"z_loss={z_loss!r} must be a finite number >= 0")
     lead = labels_n.shape
+    h_nd, w_vd, labels = _ce_inputs(h_nd, w_vd, labels_n, ignore_index)
+    impl, blocks = _resolve("linear_cross_entropy", impl, h_nd, w_vd, blocks)
+    n_rows = h_nd.shape[0]
+    if impl == "chunked":  # padded rows carry ignore_index: no loss, no gradient
+        rows = _chunk_blocks(blocks, h_nd, w_vd).min_rows
+        h_nd, labels = pad_rows(h_nd, rows), pad_rows(labels, rows, ignore_index)
+
+    valid = labels != ignore_index
+    out_of_range = valid & ((labels < 0) | (labels >= w_vd.shape[0]))
+    kernel_labels = jnp.where(valid & ~out_of_range, labels, -1)
+    if impl != "xla" and reduction != "none":
+        backend = _ce_backend(impl, blocks, interpret, h_nd, w_vd)
+        counted = (valid & ~out_of_range).astype(jnp.float32)
+        total = vjp.ce_total(backend, float(z_loss), h_nd, w_vd, kernel_labels, counted)
+        total = total + jnp.where(jnp.any(out_of_range), jnp.float32(jnp.nan), 0.0)
+    else:
+        per_token = _per_token_loss(impl, blocks, interpret, h_nd, w_vd, kernel_labels, z_loss)
+        per_token = jnp.where(valid, per_token, 0.0)
+        per_token = jnp.where(out_of_range, jnp.float32(jnp.nan), per_token)
+        if reduction == "none":
+            return per_token[:n_rows].reshape(lead)
+        total = jnp.sum(per_token)
+    if reduction == "sum":
+        return total
+    count = jnp.sum(valid.astype(jnp.float32))
+    return total / jnp.maximum(count, 1.0)
+
+
+def _ce_inputs(
+    h_nd: jax.Array, w_vd: jax.Array, labels_n: jax.Array, ignore_index: int
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(h as (N, D) in w's dtype, w, labels as (N,) int32) after checking that they match and
+    that concrete labels are in range."""
+    lead = labels_n.shape
     if h_nd.shape[:-1] != lead:
         raise UserError(
             f"linear_cross_entropy: h has shape {tuple(h_nd.shape)} but labels {tuple(lead)}; "
@@ -333,41 +367,22 @@ def linear_cross_entropy(
     h_nd = h_nd.reshape(-1, h_nd.shape[-1]) if h_nd.ndim != 2 else h_nd
     labels = labels_n.reshape(-1).astype(jnp.int32)
     h_nd, w_vd = _check_pair(h_nd, w_vd, op="linear_cross_entropy")
-    vocab = w_vd.shape[0]
-    _check_labels(labels_n, vocab, ignore_index)
-    impl, blocks = _resolve("linear_cross_entropy", impl, h_nd, w_vd, blocks)
-    n_rows = h_nd.shape[0]
-    if impl == "chunked":  # padded rows carry ignore_index: no loss, no gradient
-        rows = _chunk_blocks(blocks, h_nd, w_vd).min_rows
-        h_nd, labels = pad_rows(h_nd, rows), pad_rows(labels, rows, ignore_index)
+    _check_labels(labels_n, w_vd.shape[0], ignore_index)
+    return h_nd, w_vd, labels
 
-    valid = labels != ignore_index
-    out_of_range = valid & ((labels < 0) | (labels >= vocab))
-    kernel_labels = jnp.where(valid & ~out_of_range, labels, -1)
-    if impl != "xla" and reduction != "none":
-        backend = _ce_backend(impl, blocks, interpret, h_nd, w_vd)
-        counted = (valid & ~out_of_range).astype(jnp.float32)
-        total = vjp.ce_total(backend, float(z_loss), h_nd, w_vd, kernel_labels, counted)
-        total = total + jnp.where(jnp.any(out_of_range), jnp.float32(jnp.nan), 0.0)
+
+def _per_token_loss(impl, blocks, interpret, h_nd, w_vd, labels_n, z_loss) -> jax.Array:
+    """(N,) ``lse - logit[label] + z_loss * lse**2`` of every row, ignored rows included;
+    ``labels_n`` is -1 where a row has no target."""
+    if impl == "xla":
+        lse, target = _xla_lse_target(h_nd, w_vd, labels_n)
     else:
-        if impl == "xla":
-            lse, target = _xla_lse_target(h_nd, w_vd, kernel_labels)
-        else:
-            lse, target = vjp.lse_target(
-                _ce_backend(impl, blocks, interpret, h_nd, w_vd), h_nd, w_vd, kernel_labels
-            )
-        per_token = lse - target
-        if z_loss:
-            per_token = per_token + jnp.float32(z_loss) * lse * lse
-        per_token = jnp.where(valid, per_token, 0.0)
-        per_token = jnp.where(out_of_range, jnp.float32(jnp.nan), per_token)
-        if reduction == "none":
-            return per_token[:n_rows].reshape(lead)
-        total = jnp.sum(per_token)
-    if reduction == "sum":
-        return total
-    count = jnp.sum(valid.astype(jnp.float32))
-    return total / jnp.maximum(count, 1.0)
+        backend = _ce_backend(impl, blocks, interpret, h_nd, w_vd)
+        lse, target = vjp.lse_target(backend, h_nd, w_vd, labels_n)
+    per_token = lse - target
+    if z_loss:
+        per_token = per_token + jnp.float32(z_loss) * lse * lse
+    return per_token
 
 
 def _xla_lse_target(h_nd, w_vd, labels_n):

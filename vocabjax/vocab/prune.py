@@ -70,6 +70,36 @@ def prune(
     tokens = id_to_token(model)
     ids: Mapping[str, int] = model["vocab"]
     source = len(tokens)
+    base = _base_ids(data, ids, vocab, source=source, where=where)
+    pairs = merges(model)
+    closure = _Closure(source, base, _builders(pairs, ids, where), vocab)
+    counts = np.asarray(counts, dtype=np.int64)
+    if counts.ndim != 1 or counts.shape[0] < source:
+        raise ValueError(f"counts has shape {counts.shape}; needs one entry per token ({source})")
+    by_use = [int(t) for t in np.lexsort((np.arange(source), -counts[:source])) if counts[t] > 0]
+    kept_by_use = closure.take(by_use)
+    # Fill the rest in the source's merge order (what training at this size would have added);
+    # in that order each token's parts come first, so one pass reaches exactly ``vocab``.
+    closure.take(closure.builder)
+    if closure.n_kept != vocab:
+        raise UserError(f"{where}: could only reach {closure.n_kept} closed tokens, not {vocab}")
+    new_to_old = [int(i) for i in np.flatnonzero(closure.kept)]
+    kept_tokens = [tokens[i] for i in new_to_old]
+    keep = set(kept_tokens)
+    kept_merges = [(a, b) for a, b in pairs if a in keep and b in keep and a + b in keep]
+    return Pruned(
+        data=with_vocab(data, kept_tokens, kept_merges),
+        new_to_old=new_to_old,
+        kept_by_use=kept_by_use,
+        kept_to_fill=closure.n_kept - len(base) - kept_by_use,
+    )
+
+
+def _base_ids(
+    data: Mapping[str, Any], ids: Mapping[str, int], vocab: int, *, source: int, where: str
+) -> list[int]:
+    """The ids every pruning keeps (the byte alphabet and the specials), sorted, after checking
+    that ``vocab`` is between their count and the ``source``'s size."""
     if vocab > source:
         raise UserError(
             f"{{vocab}} {vocab} is above the source's {source} tokens ({where}); "
@@ -91,77 +121,65 @@ def prune(
             f"+ {len(base) - BYTE_ALPHABET} special token(s))",
             settings=["vocab"],
         )
+    return base
 
-    pairs = merges(model)
-    # The merge that first makes each token: its parts must be kept with it.
+
+def _builders(pairs, ids: Mapping[str, int], where: str) -> dict[int, tuple[int, int]]:
+    """Token id -> the ids of the merge that first makes it (its parts must be kept with it),
+    in merge order."""
     builder: dict[int, tuple[int, int]] = {}
-    builder_rank: dict[int, int] = {}
-    for rank, (a, b) in enumerate(pairs):
+    for a, b in pairs:
         made = ids.get(a + b)
         if made is None or a not in ids or b not in ids:
             raise UserError(f"{where}: merge {a!r} {b!r} names a token not in the vocabulary")
         if made not in builder:
             builder[made] = (ids[a], ids[b])
-            builder_rank[made] = rank
+    return builder
 
-    kept = np.zeros(source, dtype=bool)
-    kept[base] = True
-    n_kept = len(base)
 
-    def closure(t: int) -> list[int]:
+class _Closure:
+    """The tokens kept so far, closed under ``builder``: a token is kept only with the tokens
+    that build it, and never beyond ``vocab`` tokens."""
+
+    def __init__(
+        self, source: int, base: list[int], builder: dict[int, tuple[int, int]], vocab: int
+    ) -> None:
+        self.kept = np.zeros(source, dtype=bool)
+        self.kept[base] = True
+        self.n_kept = len(base)
+        self.builder = builder
+        self.vocab = vocab
+
+    def missing(self, t: int) -> list[int]:
         """``t`` and every not yet kept token that builds it, parts before wholes."""
         out: list[int] = []
         seen: set[int] = set()
         stack = [(t, False)]
         while stack:
             node, expanded = stack.pop()
-            if kept[node] or (node in seen and not expanded):
+            if self.kept[node] or (node in seen and not expanded):
                 continue
             if expanded:
                 out.append(node)
                 continue
             seen.add(node)
             stack.append((node, True))
-            for part in builder.get(node, ()):
-                if not kept[part] and part not in seen:
+            for part in self.builder.get(node, ()):
+                if not self.kept[part] and part not in seen:
                     stack.append((part, False))
         return out
 
-    counts = np.asarray(counts, dtype=np.int64)
-    if counts.ndim != 1 or counts.shape[0] < source:
-        raise ValueError(f"counts has shape {counts.shape}; needs one entry per token ({source})")
-
-    def take(order: Iterable[int]) -> int:
+    def take(self, order: Iterable[int]) -> int:
         """Keep each token of ``order`` with its closure while that fits; how many were kept."""
-        nonlocal n_kept
-        before = n_kept
+        before = self.n_kept
         for t in order:
-            if n_kept == vocab:
+            if self.n_kept == self.vocab:
                 break
-            need = closure(t)
-            if need and n_kept + len(need) <= vocab:
-                kept[need] = True
-                n_kept += len(need)
-        return n_kept - before
-
-    by_use = [int(t) for t in np.lexsort((np.arange(source), -counts[:source])) if counts[t] > 0]
-    kept_by_use = take(by_use)
-    # Fill the rest in the source's merge order (what training at this size would have added);
-    # in that order each token's parts come first, so one pass reaches exactly ``vocab``.
-    take(sorted(builder, key=builder_rank.__getitem__))
-    if n_kept != vocab:
-        raise UserError(f"{where}: could only reach {n_kept} closed tokens, not {vocab}")
-
-    new_to_old = [int(i) for i in np.flatnonzero(kept)]
-    kept_tokens = [tokens[i] for i in new_to_old]
-    keep = set(kept_tokens)
-    kept_merges = [(a, b) for a, b in pairs if a in keep and b in keep and a + b in keep]
-    return Pruned(
-        data=with_vocab(data, kept_tokens, kept_merges),
-        new_to_old=new_to_old,
-        kept_by_use=kept_by_use,
-        kept_to_fill=n_kept - len(base) - kept_by_use,
-    )
+            need = self.missing(t)
+            if need and self.n_kept + len(need) <= self.vocab:
+                self.kept[need] = True
+                self.n_kept += len(need)
+        return self.n_kept - before
 
 
 PRUNE_KIND = "vocab_prune"
