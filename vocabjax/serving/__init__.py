@@ -1,10 +1,14 @@
 """Serving a trained run: load it, pick a head, generate with a jitted KV-cache decode engine,
 and serve a trace of requests with a router and a quality controller.
 
-engine.py      load_run, choose_head / load_policy, Engine (prefill + decode step), Sampling
+decode.py      the device side: prefill and the on-device decode loop as pure, jittable
+               functions of a DecodeConfig, with their carry (Decoding); Sampling
+engine.py      load_run, Engine: host packing of prompts, the compile cache, timed generation
+router.py      load_policy, choose_head / shift_head / offset_bounds, route_batch
 trace.py       Request, load_trace / write_trace (JSONL), demo_trace (builtin corpus)
 controller.py  Thresholds, derive_thresholds / training_bpb, QualityController (hysteresis)
-server.py      serve: the virtual clock, the router's offset, ServeResult (records, summary)
+server.py      serve: the virtual clock, admission and recording, ServeResult (records, summary);
+               load_serve_inputs and generate: what the serve and generate commands do
 """
 
 from vocabjax.serving.controller import (
@@ -16,31 +20,41 @@ from vocabjax.serving.controller import (
     derive_thresholds,
     training_bpb,
 )
+from vocabjax.serving.decode import STOP_CODES, DecodeConfig, Decoding, Sampling
 from vocabjax.serving.engine import (
+    Compiled,
     Completion,
     Engine,
     Generation,
-    HeadChoice,
     LoadedRun,
-    Sampling,
     bucket_length,
+    load_run,
+)
+from vocabjax.serving.router import (
+    HeadChoice,
+    RoutedBatch,
     choose_head,
     load_policy,
-    load_run,
+    offset_bounds,
+    route_batch,
+    shift_head,
 )
 from vocabjax.serving.server import (
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_NEW_TOKENS,
+    Generated,
     ServeConfig,
     ServedBatch,
     ServedRequest,
+    ServeInputs,
     ServeResult,
     Switch,
+    admit,
     check_prompts,
-    offset_bounds,
+    generate,
+    load_serve_inputs,
     prompt_room,
     serve,
-    shift_head,
 )
 from vocabjax.serving.trace import (
     DEMO_PHASES,
@@ -58,9 +72,14 @@ __all__ = [
     "DEFAULT_MAX_NEW_TOKENS",
     "DEFAULT_WINDOW",
     "DEMO_PHASES",
+    "STOP_CODES",
+    "Compiled",
     "Completion",
+    "DecodeConfig",
+    "Decoding",
     "DemoPhase",
     "Engine",
+    "Generated",
     "Generation",
     "HeadChoice",
     "LoadedRun",
@@ -68,23 +87,29 @@ __all__ = [
     "PromptRoom",
     "QualityController",
     "Request",
+    "RoutedBatch",
     "Sampling",
     "ServeConfig",
+    "ServeInputs",
     "ServeResult",
     "ServedBatch",
     "ServedRequest",
     "Switch",
     "Thresholds",
+    "admit",
     "bucket_length",
     "check_prompts",
     "choose_head",
     "demo_trace",
     "derive_thresholds",
+    "generate",
     "load_policy",
     "load_run",
+    "load_serve_inputs",
     "load_trace",
     "offset_bounds",
     "prompt_room",
+    "route_batch",
     "serve",
     "shift_head",
     "training_bpb",

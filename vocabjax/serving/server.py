@@ -10,18 +10,19 @@ The clock is virtual: it starts at 0 and, each round,
 
 1. jumps to the next arrival when no request is waiting;
 2. admits up to ``max_batch`` waiting requests (arrival <= now), first come first served:
-   B = how many;
-3. the router takes the policy's route for B (``choose_head``, snapped to the run's heads),
-   shifted by the controller's offset in levels and clamped to the run's smallest and
-   largest head (``shift_head``); the whole batch runs at that head, each request from
-   prefill to its last token (a running request keeps its level);
+   B = how many (``admit``);
+3. the router (``router.route_batch``) takes the policy's route for B, snapped to the run's
+   heads, shifted by the controller's offset in levels and clamped to the run's smallest and
+   largest head; the whole batch runs at that head, each request from prefill to its last
+   token (a running request keeps its level);
 4. runs it through ``Engine.generate`` (``score=True``: each prompt's bits per byte comes
    from the prefill; B padded to a power of two, at most ``max_batch``, so batch sizes share
    compiled shapes) and advances the clock by the batch's measured wall time, less the
    seconds spent compiling a new (head, B, prompt bucket) shape and its warm-up calls: those
    are reported (``compile_s``) but not charged to the clock, as a server compiles its shapes
    before it takes traffic;
-5. gives each prompt's bits per byte to the quality controller, in the batch's order.
+5. records the batch and its requests and gives each prompt's bits per byte to the quality
+   controller, in the batch's order (``_Record``).
 
 A request's latency is its queue wait (admission - arrival) plus its batch's service time: a
 batch's requests all finish when the batch does (static batching).
@@ -33,6 +34,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -40,13 +42,29 @@ import numpy as np
 from vocabjax.errors import UserError
 from vocabjax.profiles import SCHEMA
 from vocabjax.progress import Progress
-from vocabjax.serving.controller import DEFAULT_WINDOW, QualityController, Thresholds
-from vocabjax.serving.engine import Engine, LoadedRun, Sampling, choose_head, prompt_ids
-from vocabjax.serving.trace import PromptRoom, Request
+from vocabjax.serving.controller import (
+    DEFAULT_BAND,
+    DEFAULT_WINDOW,
+    QualityController,
+    Thresholds,
+    derive_thresholds,
+    training_bpb,
+)
+from vocabjax.serving.engine import Engine, Generation, LoadedRun, Sampling, load_run, prompt_ids
+from vocabjax.serving.router import (
+    HeadChoice,
+    RoutedBatch,
+    Routes,
+    choose_head,
+    load_policy,
+    offset_bounds,
+    route_batch,
+    shift_head,
+)
+from vocabjax.serving.trace import PromptRoom, Request, demo_trace, load_trace
 
 DEFAULT_MAX_BATCH = 32
 DEFAULT_MAX_NEW_TOKENS = 32
-Routes = Sequence[tuple[int | None, int]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,25 +89,6 @@ class ServeConfig:
         if not self.pad_batches:
             return batch
         return min(self.max_batch, 1 << (batch - 1).bit_length())
-
-
-def shift_head(heads: Sequence[int], head: int, offset: int) -> int:
-    """The head ``offset`` levels above ``head`` among ``heads`` (below for a negative
-    offset), clamped to the smallest and largest."""
-    order = sorted(heads)
-    i = min(max(order.index(head) + offset, 0), len(order) - 1)
-    return order[i]
-
-
-def offset_bounds(heads: Sequence[int], routes: Routes, max_batch: int) -> tuple[int, int]:
-    """(lowest, highest) offsets that still change the head of some batch size 1..max_batch:
-    below, every routed head is already the smallest; above, every one is the largest."""
-    order = sorted(heads)
-    routed = {
-        order.index(choose_head(order, "auto", batch=b, routes=routes).vocab)
-        for b in range(1, max_batch + 1)
-    }
-    return -max(routed), len(order) - 1 - min(routed)
 
 
 # ---- records ------------------------------------------------------------------------------------
@@ -320,126 +319,200 @@ def serve(
     config = config or ServeConfig()
     if not requests:
         raise UserError("the trace holds no requests")
-    run: LoadedRun = engine.run
-    heads = tuple(sorted(run.heads))
-    log = progress or (lambda _line: None)
     queue = sorted(requests, key=lambda r: r.arrival_s)
-    check_prompts(run, queue)
+    check_prompts(engine.run, queue)
+    heads = tuple(sorted(engine.run.heads))
     bounds = offset_bounds(heads, routes, config.max_batch)
-    controller = (
-        None
-        if thresholds is None
-        else QualityController(
-            thresholds, window=config.window, lowest=bounds[0], highest=bounds[1]
-        )
-    )
-    served: list[ServedRequest] = []
-    batches: list[ServedBatch] = []
-    switches: list[Switch] = []
+    record = _Record(heads, thresholds, config.window, bounds)
+    log = progress or (lambda _line: None)
     now = 0.0
-    i = 0  # the first request not yet admitted
-    last_head: int | None = None  # the head the next batch would keep
-    while i < len(queue):
-        now = max(now, queue[i].arrival_s)  # nothing waiting: the clock jumps to the arrival
-        j = i
-        while j < len(queue) and j - i < config.max_batch and queue[j].arrival_s <= now:
-            j += 1
-        admitted, i = queue[i:j], j
-        k, b = len(batches), len(admitted)
-        offset = controller.offset if controller else 0
-        routed = choose_head(heads, "auto", batch=b, routes=routes)
-        head = shift_head(heads, routed.vocab, offset)
-        if last_head is not None and head != last_head:
-            note = f"; offset {offset:+d}: serving {head}" if offset else ""
-            switches.append(
-                Switch(now, last_head, head, "router", routed.reason + note, offset, offset, k)
-            )
-        sampling = dataclasses.replace(config.sampling, seed=_batch_seed(config.sampling.seed, k))
-        started = time.perf_counter()
-        gen = engine.generate(
-            [r.prompt for r in admitted],
-            head=head,
-            max_new_tokens=[r.max_new_tokens or config.max_new_tokens for r in admitted],
-            sampling=sampling,
-            score=True,
-            pad_batch_to=config.rows(b),
-        )
-        service = time.perf_counter() - started - gen.compile_s
-        if gen.compile_s:
-            log(
-                f"  compiled head {head}, {gen.padded_batch} rows x {gen.bucket} tokens in "
-                f"{gen.compile_s:.2f} s (not charged to the clock)"
-            )
-        start, now = now, now + service
-        last_head = head
-        for r, c in zip(admitted, gen.completions, strict=True):
-            bpb = c.prompt_bpb
-            assert bpb is not None  # score=True
-            window_bpb = None
-            if controller is not None:
-                move = controller.observe(bpb, offset, weight=c.prompt_bytes)
-                if move is None:  # counted unless a move earlier in this batch made it stale
-                    window_bpb = controller.window_mean if controller.offset == offset else None
-                else:
-                    window_bpb = move.window_mean
-                    to = shift_head(heads, routed.vocab, move.to_offset)
-                    switches.append(
-                        Switch(now, head, to, "controller", move.reason, offset, move.to_offset, k)
-                    )
-                    last_head = to
-            served.append(
-                ServedRequest(
-                    id=r.id,
-                    phase=r.phase,
-                    arrival_s=r.arrival_s,
-                    start_s=start,
-                    finish_s=now,
-                    batch=k,
-                    head=head,
-                    offset=offset,
-                    prompt_tokens=c.prompt_tokens,
-                    new_tokens=len(c.tokens),
-                    prompt_bytes=c.prompt_bytes,
-                    prompt_bpb=bpb,
-                    window_bpb=window_bpb,
-                    stop=c.stop,
-                    text=c.text,
-                )
-            )
-        batches.append(
-            ServedBatch(
-                index=k,
-                start_s=start,
-                service_s=service,
-                compile_s=gen.compile_s,
-                batch=b,
-                rows=gen.padded_batch,
-                bucket=gen.bucket,
-                routed_head=routed.vocab,
-                offset=offset,
-                head=head,
-                impl=gen.impl,
-                impl_reason=gen.impl_reason,
-                new_tokens=sum(len(c.tokens) for c in gen.completions),
-                mean_bpb=sum(s.prompt_bpb for s in served[-b:]) / b,
-            )
-        )
-        if (k + 1) % config.progress_every == 0 or i == len(queue):
-            window = None if controller is None else controller.window_mean
-            log(
-                f"batch {k + 1}: {len(served)}/{len(queue)} requests served by t = {now:.3f} s "
-                f"(virtual); last B={b} at head {head}"
-                + ("" if window is None else f"; windowed BPB {window:.3f}")
-            )
+    first = 0  # the first request not yet admitted
+    while first < len(queue):
+        now = max(now, queue[first].arrival_s)  # nothing waiting: the clock jumps to the arrival
+        end = admit(queue, first, now, config.max_batch)
+        admitted, first = queue[first:end], end
+        k = len(record.batches)
+        route = route_batch(heads, routes, batch=len(admitted), offset=record.offset)
+        record.route(now, route, k)
+        gen, service = _run_batch(engine, admitted, route.head, config, k, log)
+        record.batch(admitted, gen, route, k, start_s=now, service_s=service)
+        now += service
+        if (k + 1) % config.progress_every == 0 or first == len(queue):
+            log(record.progress_line(len(queue), now))
     return ServeResult(
         config=config,
         heads=heads,
         thresholds=thresholds,
         offset_range=bounds,
-        requests=tuple(served),
-        batches=tuple(batches),
-        switches=tuple(switches),
+        requests=tuple(record.served),
+        batches=tuple(record.batches),
+        switches=tuple(record.switches),
     )
+
+
+def admit(queue: Sequence[Request], first: int, now: float, max_batch: int) -> int:
+    """Admission: the end of the batch that starts at ``now`` with ``queue[first]``, first come
+    first served: up to ``max_batch`` requests that have arrived by ``now``."""
+    end = first
+    while end < len(queue) and end - first < max_batch and queue[end].arrival_s <= now:
+        end += 1
+    return end
+
+
+def _run_batch(
+    engine: Engine,
+    admitted: Sequence[Request],
+    head: int,
+    config: ServeConfig,
+    k: int,
+    log: Progress,
+) -> tuple[Generation, float]:
+    """Batch ``k`` through the engine at ``head``: its generation and its service seconds (the
+    wall time less the seconds spent compiling a new shape)."""
+    sampling = dataclasses.replace(config.sampling, seed=_batch_seed(config.sampling.seed, k))
+    started = time.perf_counter()
+    gen = engine.generate(
+        [r.prompt for r in admitted],
+        head=head,
+        max_new_tokens=[r.max_new_tokens or config.max_new_tokens for r in admitted],
+        sampling=sampling,
+        score=True,
+        pad_batch_to=config.rows(len(admitted)),
+    )
+    service = time.perf_counter() - started - gen.compile_s
+    if gen.compile_s:
+        log(
+            f"  compiled head {head}, {gen.padded_batch} rows x {gen.bucket} tokens in "
+            f"{gen.compile_s:.2f} s (not charged to the clock)"
+        )
+    return gen, service
+
+
+class _Record:
+    """Recording: the served requests, batches and switches so far, and the quality controller
+    that each served prompt's bits per byte goes to."""
+
+    def __init__(
+        self,
+        heads: tuple[int, ...],
+        thresholds: Thresholds | None,
+        window: int,
+        bounds: tuple[int, int],
+    ) -> None:
+        self.heads = heads
+        self.controller = (
+            None
+            if thresholds is None
+            else QualityController(thresholds, window=window, lowest=bounds[0], highest=bounds[1])
+        )
+        self.served: list[ServedRequest] = []
+        self.batches: list[ServedBatch] = []
+        self.switches: list[Switch] = []
+        self.last_head: int | None = None  # the head the next batch would keep
+
+    @property
+    def offset(self) -> int:
+        """The controller's offset in levels (0 with the controller off)."""
+        return self.controller.offset if self.controller else 0
+
+    def route(self, now: float, route: RoutedBatch, k: int) -> None:
+        """A router switch before batch ``k`` when its head is not the one the last kept."""
+        if self.last_head is not None and route.head != self.last_head:
+            self.switches.append(
+                Switch(
+                    now,
+                    self.last_head,
+                    route.head,
+                    "router",
+                    route.reason,
+                    route.offset,
+                    route.offset,
+                    k,
+                )
+            )
+        self.last_head = route.head
+
+    def batch(
+        self,
+        admitted: Sequence[Request],
+        gen: Generation,
+        route: RoutedBatch,
+        k: int,
+        *,
+        start_s: float,
+        service_s: float,
+    ) -> None:
+        """Batch ``k`` served from ``start_s`` for ``service_s``: each prompt's bits per byte
+        to the controller in the batch's order, a record per request and one for the batch."""
+        finish = start_s + service_s
+        for r, c in zip(admitted, gen.completions, strict=True):
+            bpb = c.prompt_bpb
+            assert bpb is not None  # score=True
+            self.served.append(
+                ServedRequest(
+                    id=r.id,
+                    phase=r.phase,
+                    arrival_s=r.arrival_s,
+                    start_s=start_s,
+                    finish_s=finish,
+                    batch=k,
+                    head=route.head,
+                    offset=route.offset,
+                    prompt_tokens=c.prompt_tokens,
+                    new_tokens=len(c.tokens),
+                    prompt_bytes=c.prompt_bytes,
+                    prompt_bpb=bpb,
+                    window_bpb=self._observe(bpb, c.prompt_bytes, route, k, finish),
+                    stop=c.stop,
+                    text=c.text,
+                )
+            )
+        b = len(admitted)
+        self.batches.append(
+            ServedBatch(
+                index=k,
+                start_s=start_s,
+                service_s=service_s,
+                compile_s=gen.compile_s,
+                batch=b,
+                rows=gen.padded_batch,
+                bucket=gen.bucket,
+                routed_head=route.routed.vocab,
+                offset=route.offset,
+                head=route.head,
+                impl=gen.impl,
+                impl_reason=gen.impl_reason,
+                new_tokens=sum(len(c.tokens) for c in gen.completions),
+                mean_bpb=sum(s.prompt_bpb for s in self.served[-b:]) / b,
+            )
+        )
+
+    def _observe(
+        self, bpb: float, weight: int, route: RoutedBatch, k: int, now: float
+    ) -> float | None:
+        """One prompt to the controller: the windowed bits per byte after it (None when it is
+        not counted), and a switch when it moves the level."""
+        if self.controller is None:
+            return None
+        move = self.controller.observe(bpb, route.offset, weight=weight)
+        if move is None:  # counted unless a move earlier in this batch made it stale
+            same = self.controller.offset == route.offset
+            return self.controller.window_mean if same else None
+        to = shift_head(self.heads, route.routed.vocab, move.to_offset)
+        self.switches.append(
+            Switch(now, route.head, to, "controller", move.reason, route.offset, move.to_offset, k)
+        )
+        self.last_head = to
+        return move.window_mean
+
+    def progress_line(self, requests: int, now: float) -> str:
+        last = self.batches[-1]
+        window = None if self.controller is None else self.controller.window_mean
+        return (
+            f"batch {last.index + 1}: {len(self.served)}/{requests} requests served by "
+            f"t = {now:.3f} s (virtual); last B={last.batch} at head {last.head}"
+            + ("" if window is None else f"; windowed BPB {window:.3f}")
+        )
 
 
 def _batch_seed(seed: int, batch: int) -> int:
@@ -471,4 +544,150 @@ def prompt_room(run: LoadedRun, max_new_tokens: int) -> PromptRoom:
     return PromptRoom(
         tokens=lambda text: max(_tokens(level, text) for level in run.levels),
         max_tokens=run.max_seq + 1 - max_new_tokens,
+    )
+
+
+# ---- from files, for the command line and notebooks ---------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeInputs:
+    """What ``serve`` takes from its files, read and checked."""
+
+    run: LoadedRun
+    routes: list[tuple[int | None, int]]  # the policy's batch routes
+    requests: tuple[Request, ...]  # the trace's, or the demo trace's
+    thresholds: Thresholds | None  # the quality controller's band; None: it is off
+    policy: str  # the policy file
+    trace: str | None  # the trace file; None: the demo trace
+    seed: int  # the demo trace's seed
+
+    def context(self) -> dict[str, Any]:
+        """Where a served result came from, as ``ServeResult.to_json`` leads with it."""
+        trace = self.trace if self.trace is not None else f"demo (seed {self.seed})"
+        run = self.run
+        return {"run": str(run.run_dir), "step": run.step, "policy": self.policy, "trace": trace}
+
+
+def load_serve_inputs(
+    run_dir: str | Path,
+    policy: str | Path,
+    *,
+    trace: str | Path | None = None,
+    seed: int = 0,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    bpb_high: float | None = None,
+    bpb_low: float | None = None,
+    bpb_band: float = DEFAULT_BAND,
+    progress: Progress | None = None,
+) -> ServeInputs:
+    """Read the policy, the trace, the run and the controller's thresholds (the given ones, the
+    others from the run's held-out bits per byte: ``derive_thresholds``), in that order, so a
+    problem with an earlier input is the one reported; without a trace, build the demo trace of
+    ``seed``, its prompts cut to leave room for ``max_new_tokens``."""
+    routes = load_policy(policy)
+    requests = load_trace(trace) if trace else None
+    run = load_run(run_dir)
+    thresholds = derive_thresholds(
+        training_bpb(run.run_dir, run.heads),
+        high=bpb_high,
+        low=bpb_low,
+        band=bpb_band,
+        where=str(run.run_dir),
+    )
+    if progress is not None:
+        heads = ", ".join(map(str, run.heads))
+        progress(f"{run.run_dir}: {run.config.shape.name} at step {run.step}, heads {heads}")
+    if requests is None:
+        requests = demo_trace(seed, room=prompt_room(run, max_new_tokens))
+    trace_name = str(trace) if trace else None
+    return ServeInputs(run, routes, tuple(requests), thresholds, str(policy), trace_name, seed)
+
+
+@dataclasses.dataclass(frozen=True)
+class Generated:
+    """Prompts continued as one batch: the head the router chose and why, and the generation."""
+
+    run: LoadedRun
+    choice: HeadChoice
+    generation: Generation
+    sampling: Sampling
+    max_new_tokens: int | Sequence[int]
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per prompt: its text, head, tokens in and out, why it stopped, the text."""
+        return [
+            {
+                "prompt": c.prompt,
+                "head": c.head,
+                "prompt_tokens": c.prompt_tokens,
+                "new_tokens": len(c.tokens),
+                "stop": c.stop,
+                "text": c.text,
+            }
+            for c in self.generation.completions
+        ]
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``generate --format json`` document."""
+        gen, s = self.generation, self.sampling
+        return {
+            "schema": SCHEMA,
+            "kind": "generate",
+            "run": str(self.run.run_dir),
+            "step": self.run.step,
+            "head": gen.head,
+            "head_reason": self.choice.reason,
+            "impl": gen.impl,
+            "temperature": s.temperature,
+            "top_k": s.top_k,
+            "seed": s.seed,
+            "max_new_tokens": self.max_new_tokens,
+            "completions": [
+                {**r, "tokens": list(c.tokens)}
+                for r, c in zip(self.rows(), gen.completions, strict=True)
+            ],
+            "timing": gen.timing(),
+        }
+
+
+def generate(
+    engine: Engine,
+    prompts: Sequence[str],
+    *,
+    head: int | Literal["auto"] = "auto",
+    routes: Routes | None = None,
+    max_new_tokens: int | Sequence[int] = 64,
+    sampling: Sampling | None = None,
+    progress: Progress | None = None,
+) -> Generated:
+    """Continue ``prompts`` as one batch at ``head``; ``"auto"``: the policy's route for their
+    count (``choose_head``), or the largest head without ``routes``. ``progress`` gets the
+    choice and, after the generation, its kernel and timings."""
+    sampling = sampling or Sampling()
+    run = engine.run
+    choice = choose_head(run.heads, head, batch=len(prompts), routes=routes)
+    engine.encode(prompts, choice.vocab)  # an empty or too long prompt fails before any log
+    log = progress or (lambda _line: None)
+    log(f"{run.run_dir}: {run.config.shape.name} at step {run.step}; {choice.reason}")
+    gen = engine.generate(
+        list(prompts), head=choice.vocab, max_new_tokens=max_new_tokens, sampling=sampling
+    )
+    log(_timing_line(gen))
+    return Generated(run, choice, gen, sampling, max_new_tokens)
+
+
+def _timing_line(gen: Generation) -> str:
+    t = gen.timing()
+    rate = t["decode_tokens_per_s"]
+    decoding = (
+        f"decode {rate:,.0f} tokens/s ({t['decode_steps']} steps, "
+        f"{t['decode_ms_per_step']:.2f} ms/step)"
+        if rate is not None
+        else "no decode steps"
+    )
+    return (
+        f"unembedding impl {gen.impl} ({gen.impl_reason}); compiled in {t['compile_s']:.2f} s; "
+        f"prefill {t['prefill_ms']:.2f} ms (B={t['batch']}, padded to {t['bucket']} tokens); "
+        + decoding
     )

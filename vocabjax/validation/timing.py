@@ -157,7 +157,7 @@ class Group:
             ids = jnp.asarray(self.rng.integers(0, vocab, (batch, bucket), dtype=np.int32))
             example = (params, ids, jnp.full((batch,), bucket, jnp.int32), jax.random.key(0))
             # Engine's own compile step: prefill + decode loop, one warm-up call of each
-            prefill, decode, seconds = engine._functions(
+            prefill, decode, seconds = engine.compile(
                 vocab, batch, bucket, Sampling(), False, example
             )
             self._engines[key] = (prefill, decode, seconds, example)
