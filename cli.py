@@ -1098,67 +1098,23 @@ def generate(run_dir, prompts, head, policy, max_new_tokens, temperature, top_k,
             --temperature 0.8 --top-k 40 --seed 1 --format json
         python cli.py generate --run runs/tiny --prompt "x = " --policy policy.json
     """
-    from vocabjax.serving import Engine, Sampling, choose_head, load_policy, load_run
+    from vocabjax.serving import Engine, Sampling, load_policy, load_run
+    from vocabjax.serving import generate as generate_batch
 
     sampling = Sampling(temperature=temperature, top_k=top_k, seed=seed)
     routes = load_policy(policy) if policy else None
     run = load_run(run_dir)
     if policy and head != "auto":
         log(f"note: --head {head} given; the policy's routes are not used")
-    choice = choose_head(run.heads, head, batch=len(prompts), routes=routes)
-    engine = Engine(run)
-    engine.encode(prompts, choice.vocab)  # an empty or too long prompt fails before any log
-    log(f"{run.run_dir}: {run.config.shape.name} at step {run.step}; {choice.reason}")
-    out = engine.generate(
-        list(prompts), head=choice.vocab, max_new_tokens=max_new_tokens, sampling=sampling
-    )
-    t = out.timing()
-    rate = t["decode_tokens_per_s"]
-    log(
-        f"unembedding impl {out.impl} ({out.impl_reason}); compiled in {t['compile_s']:.2f} s; "
-        f"prefill {t['prefill_ms']:.2f} ms (B={t['batch']}, padded to {t['bucket']} tokens); "
-        + (
-            f"decode {rate:,.0f} tokens/s ({t['decode_steps']} steps, "
-            f"{t['decode_ms_per_step']:.2f} ms/step)"
-            if rate is not None
-            else "no decode steps"
-        )
-    )
-    rows = [
-        {
-            "prompt": c.prompt,
-            "head": c.head,
-            "prompt_tokens": c.prompt_tokens,
-            "new_tokens": len(c.tokens),
-            "stop": c.stop,
-            "text": c.text,
-        }
-        for c in out.completions
-    ]
+    out = generate_batch(
+        Engine(run), prompts, head=head, routes=routes, max_new_tokens=max_new_tokens,
+        sampling=sampling, progress=log,
+    )  # fmt: skip
     if fmt == "json":
-        emit(
-            render.json_text(
-                {
-                    "schema": 1,
-                    "kind": "generate",
-                    "run": str(run.run_dir),
-                    "step": run.step,
-                    "head": out.head,
-                    "head_reason": choice.reason,
-                    "impl": out.impl,
-                    "temperature": temperature,
-                    "top_k": top_k,
-                    "seed": seed,
-                    "max_new_tokens": max_new_tokens,
-                    "completions": [
-                        {**r, "tokens": list(c.tokens)}
-                        for r, c in zip(rows, out.completions, strict=True)
-                    ],
-                    "timing": t,
-                }
-            )
-        )
+        emit(render.json_text(out.to_json()))
         return
+    t = out.generation.timing()
+    rows = out.rows()
     if fmt == "table":
         for i, r in enumerate(rows, 1):
             emit(
@@ -1167,6 +1123,7 @@ def generate(run_dir, prompts, head, policy, max_new_tokens, temperature, top_k,
             )
             emit(r["prompt"] + r["text"])
             emit("")
+        rate = t["decode_tokens_per_s"]
         emit(
             f"prefill {t['prefill_ms']:.2f} ms; decode "
             + ("-" if rate is None else f"{rate:,.0f} tokens/s")
@@ -1279,74 +1236,61 @@ def serve(run_dir, policy, trace, demo, save_trace, plot, fmt, **options):
         python cli.py serve --run runs/tiny --policy policy.json --demo
         python cli.py serve --run runs/tiny --policy policy.json --trace trace.jsonl --format json
     """
-    from vocabjax.serving import (
-        Engine,
-        Sampling,
-        ServeConfig,
-        demo_trace,
-        derive_thresholds,
-        load_policy,
-        load_run,
-        load_trace,
-        prompt_room,
-        training_bpb,
-        write_trace,
-    )
+    from vocabjax.serving import Engine, Sampling, ServeConfig, load_serve_inputs, write_trace
     from vocabjax.serving import serve as serve_trace
 
     if trace and demo:
         raise UserError("give --trace FILE or --demo, not both")
-    sampling = Sampling(options["temperature"], options["top_k"], options["seed"])
     config = ServeConfig(
         max_batch=options["max_batch"],
         max_new_tokens=options["max_new_tokens"],
         window=options["window"],
-        sampling=sampling,
+        sampling=Sampling(options["temperature"], options["top_k"], options["seed"]),
     )
-    routes = load_policy(policy)
-    requests = load_trace(trace) if trace else None
-    run = load_run(run_dir)
-    thresholds = derive_thresholds(
-        training_bpb(run.run_dir, run.heads),
-        high=options["bpb_high"],
-        low=options["bpb_low"],
-        band=options["bpb_band"],
-        where=str(run.run_dir),
-    )
-    log(f"{run.run_dir}: {run.config.shape.name} at step {run.step}, heads {_heads(run.heads)}")
-    if requests is None:
-        note = "" if demo else " (no --trace given)"
-        requests = demo_trace(options["seed"], room=prompt_room(run, config.max_new_tokens))
-        log(f"demo trace{note}: {_trace_note(requests)} from the builtin corpus's held-out part")
-    else:
+    inputs = load_serve_inputs(
+        run_dir, policy, trace=trace, seed=options["seed"], max_new_tokens=config.max_new_tokens,
+        bpb_high=options["bpb_high"], bpb_low=options["bpb_low"], bpb_band=options["bpb_band"],
+        progress=log,
+    )  # fmt: skip
+    requests, thresholds = inputs.requests, inputs.thresholds
+    if trace:
         log(f"trace {trace}: {_trace_note(requests)}")
+    else:
+        note = "" if demo else " (no --trace given)"
+        log(f"demo trace{note}: {_trace_note(requests)} from the builtin corpus's held-out part")
     if save_trace:
         log(f"wrote {write_trace(save_trace, requests)}")
-    if thresholds is None:
-        log(
-            "quality controller off: the run has no held-out bits per byte (training.json) "
-            "and --bpb-high/--bpb-low are not given"
-        )
-    else:
-        log(
-            f"quality controller: up above {thresholds.high:.3f}, down below "
-            f"{thresholds.low:.3f} bits per byte over {config.window} requests "
-            f"({thresholds.source})"
-        )
-    result = serve_trace(Engine(run), requests, routes, config, thresholds=thresholds, progress=log)
+    log(_controller_note(thresholds, config.window))
+    result = serve_trace(
+        Engine(inputs.run), requests, inputs.routes, config, thresholds=thresholds, progress=log
+    )
     if plot:
         from vocabjax.plots import plot_serve
 
         plot_serve(result, plot, caption="python cli.py " + " ".join(sys.argv[1:]))
         log(f"wrote {plot}")
     if fmt == "json":
-        context = {"run": str(run.run_dir), "step": run.step, "policy": str(policy)}
-        context["trace"] = str(trace) if trace else f"demo (seed {options['seed']})"
-        emit(render.json_text(result.to_json(**context)))
-        return
-    if fmt != "table":
+        emit(render.json_text(result.to_json(**inputs.context())))
+    elif fmt != "table":
         emit(render.rows([b.row() for b in result.batches], fmt))
-        return
+    else:
+        _serve_table(result)
+
+
+def _controller_note(thresholds, window: int) -> str:
+    if thresholds is None:
+        return (
+            "quality controller off: the run has no held-out bits per byte (training.json) "
+            "and --bpb-high/--bpb-low are not given"
+        )
+    return (
+        f"quality controller: up above {thresholds.high:.3f}, down below "
+        f"{thresholds.low:.3f} bits per byte over {window} requests ({thresholds.source})"
+    )
+
+
+def _serve_table(result) -> None:
+    """``serve``'s table: the summary in four lines, then per head, per phase and switches."""
     s = result.summary()
     emit(
         f"served {s['requests']} requests in {s['batches']} batches "
@@ -1367,10 +1311,10 @@ def serve(run_dir, policy, trace, demo, save_trace, plot, fmt, **options):
         f"switches: {s['router_switches']} by the router, {s['controller_moves']} by the controller"
     )
     emit("\nper head")
-    emit(render.rows(result.head_rows(), fmt))
+    emit(render.rows(result.head_rows(), "table"))
     if result.phase_rows():
         emit("\nper phase")
-        emit(render.rows(result.phase_rows(), fmt))
+        emit(render.rows(result.phase_rows(), "table"))
     if result.switches:
         emit("\nswitches")
         rows = [
@@ -1378,11 +1322,7 @@ def serve(run_dir, policy, trace, demo, save_trace, plot, fmt, **options):
              "to": w.to_head, "by": w.by, "why": w.reason}
             for w in result.switches
         ]  # fmt: skip
-        emit(render.rows(rows, fmt))
-
-
-def _heads(heads) -> str:
-    return ", ".join(map(str, heads))
+        emit(render.rows(rows, "table"))
 
 
 def _rate(x) -> str:
