@@ -1,4 +1,5 @@
-"""Test set-up: four forced CPU devices (for sharded sweeps), strict dtype promotion.
+"""Test set-up: four forced CPU devices (for sharded sweeps), strict dtype promotion, and the
+tiny trained run the serving tests share (``served_run_dir``).
 
 GPU tests (marker ``gpu``) are deselected by default; on a GPU machine run
 ``VOCABJAX_TEST_GPU=1 python -m pytest -m gpu``.
@@ -27,3 +28,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not has_gpu:
             item.add_marker(pytest.mark.skip(reason="needs a GPU"))
+
+
+@pytest.fixture(scope="session")
+def served_run_dir(tmp_path_factory):
+    """The tiny trained run (its own tokenizer, 6 steps) that the serving, serve and generate
+    tests share: trained once per session (per worker under xdist) and only read."""
+    from serving_testing import make_run
+
+    return make_run(tmp_path_factory.mktemp("served_run"))

@@ -1,4 +1,5 @@
-"""A tiny trained run shared by the serving tests (engine, generate, serve)."""
+"""A tiny trained run shared by the serving tests (engine, generate, serve): ``make_run`` builds
+it, and conftest's session fixture ``served_run_dir`` builds it once for all of them."""
 
 from __future__ import annotations
 

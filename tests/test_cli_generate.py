@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 from click.testing import CliRunner
-from serving_testing import HEADS, SEQ_LEN, make_run
+from serving_testing import HEADS, SEQ_LEN
 
 import cli
 
@@ -18,8 +18,8 @@ def run(*args: str):
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    return str(make_run(tmp_path_factory.mktemp("cli_generate")))
+def run_dir(served_run_dir) -> str:
+    return str(served_run_dir)
 
 
 def test_json_output_for_a_batch(run_dir):
@@ -40,6 +40,7 @@ def test_json_output_for_a_batch(run_dir):
     assert "head 300 (asked for)" in result.stderr and "tokens/s" in result.stderr
 
 
+@pytest.mark.slow
 def test_table_csv_and_markdown(run_dir):
     result = run("--run", run_dir, "--prompt", "x = ", "--max-new-tokens", "3")
     assert result.exit_code == 0, result.output

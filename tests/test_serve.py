@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from serving_testing import HEADS, SEQ_LEN, make_run, scramble
+from serving_testing import HEADS, SEQ_LEN, scramble
 
 import cli
 from vocabjax.errors import UserError
@@ -28,6 +28,7 @@ from vocabjax.serving import (
     Request,
     ServeConfig,
     Thresholds,
+    admit,
     demo_trace,
     derive_thresholds,
     load_run,
@@ -217,6 +218,14 @@ def test_the_router_offset_is_clamped_to_the_run_heads():
     assert offset_bounds(heads, [(None, 500)], max_batch=8) == (-1, 1)
 
 
+def test_admission_takes_arrived_requests_first_come_first_served():
+    queue = [Request(f"r{i}", t, "x") for i, t in enumerate([0.0, 1.0, 1.0, 1.0, 2.0])]
+    assert admit(queue, 0, 0.0, max_batch=4) == 1
+    assert admit(queue, 1, 1.5, max_batch=2) == 3  # at most max_batch
+    assert admit(queue, 3, 1.5, max_batch=4) == 4  # r4 arrives later
+    assert admit(queue, 4, 2.0, max_batch=4) == 5
+
+
 def test_serve_config_pads_batches_to_powers_of_two():
     c = ServeConfig(max_batch=24)
     assert [c.rows(b) for b in (1, 2, 3, 5, 17, 24)] == [1, 2, 4, 8, 24, 24]
@@ -229,8 +238,8 @@ def test_serve_config_pads_batches_to_powers_of_two():
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
-    return make_run(tmp_path_factory.mktemp("serve"))
+def run_dir(served_run_dir) -> Path:
+    return served_run_dir
 
 
 @pytest.fixture(scope="module")
@@ -410,6 +419,7 @@ def files(run_dir, tmp_path_factory):
     }
 
 
+@pytest.mark.slow
 def test_json_output_and_plot(files, tmp_path):
     plot = tmp_path / "serve.png"
     result = invoke(
@@ -450,6 +460,7 @@ def test_csv_and_markdown_give_one_row_per_batch(files):
     assert "quality controller off: the run has no held-out bits per byte" in csv.stderr
 
 
+@pytest.mark.slow
 def test_the_demo_is_the_default_and_prints_a_table(files):
     result = invoke("--run", files["run"], "--policy", files["policy"], "--max-new-tokens", "4")
     assert result.exit_code == 0, result.output

@@ -1,10 +1,12 @@
 """The serving engine: the KV-cache path against the full forward (hidden states and greedy
-tokens, batched prompts of different lengths, two heads), reproducible sampling, head choice
+tokens, batched prompts of different lengths, two heads), the decode functions without an
+engine (stop codes, the loop against host-driven steps), reproducible sampling, head choice
 by --head and by a policy's batch routes, and each bad run or prompt as one UserError."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 
@@ -13,11 +15,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from serving_testing import HEADS, MICRO, SEQ_LEN, make_run, scramble
+from serving_testing import HEADS, MICRO, SEQ_LEN, scramble
 
 from vocabjax.errors import UserError
 from vocabjax.models import GPT, GPTConfig
 from vocabjax.serving import (
+    STOP_CODES,
+    DecodeConfig,
     Engine,
     LoadedRun,
     Sampling,
@@ -25,15 +29,17 @@ from vocabjax.serving import (
     choose_head,
     load_policy,
     load_run,
+    route_batch,
 )
+from vocabjax.serving import decode as dec
 from vocabjax.train import Functional
 
 PROMPTS = ["def main(argv):\n    return", "import os"]  # different lengths: one batch
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
-    return make_run(tmp_path_factory.mktemp("serving"))
+def run_dir(served_run_dir) -> Path:
+    return served_run_dir
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +88,69 @@ def test_cache_arguments_are_checked():
         model.init_cache(1, 9)
     with pytest.raises(UserError, match="start"):
         model.cached(jnp.zeros((2, 3), jnp.int32), model.init_cache(2), jnp.zeros(3, jnp.int32))
+
+
+# ---- the decode functions, without an engine ----------------------------------------------------
+
+
+def tiny_config(max_seq: int = 24, **options) -> tuple[DecodeConfig, dict]:
+    """A DecodeConfig of a random micro model with 97 tokens, and its parameters."""
+    model = GPT(GPTConfig(MICRO, max_vocab=97, max_seq=max_seq), rngs=nnx.Rngs(5))
+    fn, params = Functional.of(model)
+    return DecodeConfig(fn, max_seq, head=97, **options), params
+
+
+def test_take_appends_running_rows_and_gives_each_stop_its_code():
+    config, _ = tiny_config(max_seq=8, separator=3)
+    codes = STOP_CODES
+    # rows: separator, non-finite, at its limit, at max_seq, running on, padding (not real)
+    state = dec.start(
+        config,
+        caches=None,
+        first_b=jnp.asarray([5, 6, 7, 8, 9, 5], jnp.int32),
+        start_b=jnp.asarray([2, 2, 2, 8, 2, 1], jnp.int32),
+        limits_b=jnp.asarray([4, 4, 2, 4, 4, 1], jnp.int32),
+        real_b=jnp.asarray([True] * 5 + [False]),
+    )
+    assert state.n_b.tolist() == [1, 1, 1, 1, 1, 0]  # the first tokens, real rows only
+    assert state.stop_b.tolist() == [0, 0, 0, codes["max_seq"], 0, 0]
+    run_b = dec.running(state)
+    assert run_b.tolist() == [True, True, True, False, True, False]
+    tokens_b = jnp.asarray([3, -1, 11, 12, 13, 14], jnp.int32)
+    after = dec.take(config, state, tokens_b, run_b)
+    stops = [codes["eos"], codes["nonfinite"], codes["max_new_tokens"], codes["max_seq"], 0, 0]
+    assert after.stop_b.tolist() == stops
+    assert after.n_b.tolist() == [1, 1, 2, 1, 2, 0]  # the separator and -1 are not text
+    assert after.out_bs[:, :2].tolist() == [[5, 0], [6, 0], [7, 11], [8, 0], [9, 13], [0, 0]]
+    assert after.last_b.tolist() == [5, 6, 11, 8, 13, 0]
+    assert dec.running(after).tolist() == [False, False, False, False, True, False]
+
+
+def test_the_decode_loop_equals_host_driven_steps():
+    """``decode`` (one jitted while_loop) against ``start`` then ``step`` called from the host
+    one at a time, on prompts of different lengths, limits and a padding row; sampled, so the
+    per-step keys must line up too (no separator: every real row runs to its limit)."""
+    config, params = tiny_config(sampling=Sampling(temperature=1.0, seed=0))
+    ids_bt = jax.random.randint(jax.random.key(2), (3, 16), 4, 97, dtype=jnp.int32)
+    lengths_b = jnp.asarray([5, 11, 1], jnp.int32)
+    limits_b = jnp.asarray([6, 9, 1], jnp.int32)
+    real_b = jnp.asarray([True, True, False])
+    rng = jax.random.key(1)
+    caches, first_b, nats_b = jax.jit(functools.partial(dec.prefill, config))(
+        params, ids_bt, lengths_b, rng
+    )
+    assert nats_b is None  # score=False
+    args = (first_b, lengths_b, limits_b, real_b)
+    looped = jax.jit(functools.partial(dec.decode, config))(params, caches, *args, rng)
+    state = dec.start(config, caches, *args)
+    step = jax.jit(functools.partial(dec.step, config))
+    while bool(dec.running(state).any()):
+        state = step(params, state, rng)
+    for name in ("out_bs", "n_b", "stop_b", "pos_b", "steps", "produced"):
+        np.testing.assert_array_equal(getattr(looped, name), getattr(state, name), err_msg=name)
+    assert looped.n_b.tolist() == [6, 9, 0] and int(looped.steps) == 8
+    assert looped.stop_b.tolist()[:2] == [STOP_CODES["max_new_tokens"]] * 2
+    assert len(set(looped.out_bs[1, :9].tolist())) > 3  # varied tokens: sampled, not stuck
 
 
 # ---- the engine ---------------------------------------------------------------------------------
@@ -164,6 +233,7 @@ def test_generation_stops_at_the_separator_and_on_a_non_finite_state(scrambled):
         Engine(broken).generate(PROMPTS[:1], head=300, max_new_tokens=4)
 
 
+@pytest.mark.slow
 def test_sampling_is_reproducible_by_seed(scrambled):
     engine = Engine(scrambled)
 
@@ -252,6 +322,20 @@ def test_head_choice_by_option_and_by_policy(tmp_path):
     path.write_text('{"schema": 1, "kind": "policy", "batch_routes": [{"head": "x"}]}')
     with pytest.raises(UserError, match=r"batch_routes\[0\].head must be a positive integer"):
         load_policy(path)
+
+
+def test_a_batch_route_is_the_policy_head_shifted_by_the_offset():
+    heads, routes = (300, 500, 800), [(1, 300), (None, 800)]
+    one = route_batch(heads, routes, batch=1, offset=1)
+    assert (one.routed.vocab, one.offset, one.head) == (300, 1, 500)
+    assert one.reason == (
+        "head auto: the policy routes B=1 (B <= 1) to 300: serving 300; offset +1: serving 500"
+    )
+    many = route_batch(heads, routes, batch=9, offset=2)
+    assert (many.routed.vocab, many.head) == (800, 800)  # clamped at the largest head
+    assert route_batch(heads, routes, batch=9, offset=-5).head == 300  # and at the smallest
+    plain = route_batch(heads, routes, batch=9, offset=0)
+    assert plain.reason == choose_head(heads, "auto", batch=9, routes=routes).reason
 
 
 def test_a_policy_plan_writes_loads_with_its_fit_flags(tmp_path):
