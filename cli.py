@@ -27,15 +27,15 @@ from vocabjax.lifecycle import (
     DEFAULT_VOCAB,
     Grid,
     Quality,
-    break_even_rows,
     check_grid_fits,
-    share_of_v_star,
+    sweep_json,
     sweep_rows,
+    sweep_tables,
     train_optimal_vocab,
 )
 from vocabjax.lifecycle import sweep as sweep_grid
 from vocabjax.outputs import atomic_write_json, check_file_target
-from vocabjax.planning import make_plan, parse_workload, policy_json
+from vocabjax.planning import kv_table, make_plan, parse_workload, policy_json
 from vocabjax.plots import check_plot_path, plot_sweep
 from vocabjax.serving.controller import DEFAULT_BAND, DEFAULT_WINDOW
 from vocabjax.serving.server import DEFAULT_MAX_BATCH, DEFAULT_MAX_NEW_TOKENS
@@ -185,7 +185,9 @@ def main() -> None:
 
 
 def _cost_options(f):
-    """Options shared by sweep and plan: what is simulated, and how."""
+    """Options shared by sweep and plan: what is simulated, and how. Declarations only, one
+    ``click.option`` each, which is all that makes it long; sharing them keeps the two commands'
+    flags, defaults and help alike."""
     options = [
         click.option(
             "--device",
@@ -372,86 +374,34 @@ def sweep(devices, models, vocab, batch, lam, plot, show_break_even, tolerance, 
         plot_sweep(runs, plot, caption="python cli.py " + " ".join(sys.argv[1:]))
         log(f"wrote {plot}")
     if fmt == "json":
-        emit(
-            render.json_text(
-                {
-                    "schema": 1,
-                    "kind": "sweep",
-                    "cost_model": kw["mode"],
-                    "compression": curve.name,
-                    "cap_batch": kw["cap_batch"],
-                    "tolerance": tolerance,
-                    "v_star_share_notes": [
-                        {"device": cm.device.name, "model": cm.shape.name, "note": res.share_note}
-                        for cm, res in runs
-                    ],
-                    "table": [row for cm, res in runs for row in sweep_rows(cm, res)],
-                    "break_even": [row for cm, res in runs for row in break_even_rows(cm, res)],
-                }
-            )
-        )
-        return
-    if fmt == "csv":
+        emit(render.json_text(sweep_json(runs)))
+    elif fmt == "csv":
         emit(render.rows([row for cm, res in runs for row in sweep_rows(cm, res)], "csv"))
-        return
-    for cm, res in runs:
-        rows = sweep_rows(cm, res)
-        table = render.pivot(
-            rows,
-            index="batch",
-            columns="lam",
-            value="v_star",
-            index_label="B",
-            column_label=lambda x: f"lam={x:g}",
-            cell=lambda v: v,
-        )
-        by_cell = {(r["batch"], r["lam"]): r for r in rows}
-        for row in table:
-            for lam_value in grid.lam:
-                row[f"lam={lam_value:g}"] = render.v_star_cell(by_cell[row["B"], lam_value])
-        infer = {r["batch"]: r["v_infer_only"] for r in rows}
-        for row in table:
-            v = infer[row["B"]]
-            row["infer-only"] = "-" if v is None else render.human_size(v)
-        emit(
-            f"V* on {cm.device.name} "
-            f"(ridge {cm.device.ridge_point(cm.settings.weight_dtype):.0f} FLOP/B), "
-            f"{cm.shape.name}, {cm.settings.mode} cost model, compression: {curve.name}"
-        )
-        emit(render.rows(table, fmt))
-        emit(_sweep_legend(res))
-        if res.v_star_share is not None:
-            share = render.pivot(
-                rows,
-                index="batch",
-                columns="lam",
-                value="v_star",
-                index_label="B",
-                column_label=lambda x: f"lam={x:g}",
-            )
-            for row in share:
-                for lam_value in grid.lam:
-                    s_ = share_of_v_star(by_cell[row["B"], lam_value])
-                    row[f"lam={lam_value:g}"] = "-" if s_ is None else f"{100 * s_:.0f}%"
-            emit(f"\nhow sure: {res.share_note}; the share that picks the V* above")
-            emit(render.rows(share, fmt))
-        else:
-            emit(f"how sure: not known; {res.share_note}")
-        if show_break_even:
-            be = render.pivot(
-                break_even_rows(cm, res),
-                index="vocab",
-                columns="batch",
-                value="break_even_lam",
-                column_label=lambda b: f"B={b}",
-                cell=lambda x: "never" if x is None else x,
-            )
-            emit(
-                f"\nbreak-even lambda against the training optimum V_t = "
-                f"{render.human_size(train_optimal_vocab(res))}"
-            )
-            emit(render.rows(be, fmt))
-        emit("")
+    else:
+        for cm, res in runs:
+            emit(_sweep_text(cm, res, fmt, break_even=show_break_even))
+
+
+def _sweep_text(cm, res, fmt: str, *, break_even: bool) -> str:
+    """One sweep's tables (``lifecycle.sweep_tables``) with their headline and legend."""
+    tables = sweep_tables(cm, res)
+    ridge = cm.device.ridge_point(cm.settings.weight_dtype)
+    out = [
+        f"V* on {cm.device.name} (ridge {ridge:.0f} FLOP/B), {cm.shape.name}, "
+        f"{cm.settings.mode} cost model, compression: {cm.compression.name}",
+        render.rows(tables.v_star, fmt),
+        _sweep_legend(res),
+    ]
+    if tables.share is not None:
+        out.append(f"\nhow sure: {res.share_note}; the share that picks the V* above")
+        out.append(render.rows(tables.share, fmt))
+    else:
+        out.append(f"how sure: not known; {res.share_note}")
+    if break_even:
+        v_t = render.human_size(train_optimal_vocab(res))
+        out.append(f"\nbreak-even lambda against the training optimum V_t = {v_t}")
+        out.append(render.rows(tables.break_even, fmt))
+    return "\n".join(out) + "\n"
 
 
 def _sweep_legend(res) -> str:
@@ -514,26 +464,28 @@ def plan(devices, models, vocab, workload, lam, max_heads, out, fmt, **kw):
     if out:
         atomic_write_json(out, policy)
         log(f"wrote {out}")
-    if fmt == "json":
-        emit(render.json_text(policy))
-        return
+    emit(render.json_text(policy) if fmt == "json" else _plan_text(policy, cm, fmt))
+
+
+def _plan_text(policy: dict, cm: CostModel, fmt: str) -> str:
+    """A policy (``planning.policy_json``) as ``plan`` prints it: the best single V and heads,
+    each class's route, the batch routes, break-even lambda and the KV plan, and the decode step
+    per op at the largest head for the last class's batch."""
     hs = render.human_size
-    emit(
-        f"plan on {cm.device.name}, {cm.shape.name}, lambda={lam:g}, {cm.settings.mode} cost model"
-    )
-    emit(
+    out = [
+        f"plan on {cm.device.name}, {cm.shape.name}, lambda={policy['lam']:g}, "
+        f"{cm.settings.mode} cost model",
         f"best single V: {hs(policy['single']['vocab'])}  "
-        f"(J = {policy['single']['cost_per_byte']:.4g} s per training byte)"
-    )
-    emit(
+        f"(J = {policy['single']['cost_per_byte']:.4g} s per training byte)",
         f"best nested heads: {', '.join(hs(v) for v in policy['heads'])}  "
-        f"(J = {policy['cost_per_byte']:.4g}, {100 * policy['saving_vs_single']:.2f}% below single)"
-    )
-    emit("")
-    emit(render.rows(policy["routes"], fmt))
+        f"(J = {policy['cost_per_byte']:.4g}, "
+        f"{100 * policy['saving_vs_single']:.2f}% below single)",
+        "",
+        render.rows(policy["routes"], fmt),
+    ]
     misfit = [r["name"] for r in policy["routes"] if not r["fits"]]
     if misfit:
-        emit(
+        out.append(
             f"! {', '.join(misfit)}: the class's batch does not fit beside its head's weights "
             + (
                 "; costed at batch_run, the largest that does"
@@ -541,34 +493,22 @@ def plan(devices, models, vocab, workload, lam, max_heads, out, fmt, **kw):
                 else "; costed uncapped (--no-cap-batch)"
             )
         )
-    emit(
-        "\nbatch routes: "
-        + ", ".join(
-            (f"B<={r['max_batch']}: " if r["max_batch"] else "larger: ")
-            + hs(r["head"])
-            + ("" if r["fits"] else f" (! fits B<={r['b_max']})")
-            for r in policy["batch_routes"]
-        )
+    routes = (
+        (f"B<={r['max_batch']}: " if r["max_batch"] else "larger: ")
+        + hs(r["head"])
+        + ("" if r["fits"] else f" (! fits B<={r['b_max']})")
+        for r in policy["batch_routes"]
     )
-    emit(
+    head, batch = policy["heads"][-1], policy["routes"][-1]["batch"]
+    out += [
+        "\nbatch routes: " + ", ".join(routes),
         f"\nbreak-even lambda against the training optimum {hs(policy['train_optimal_vocab'])} "
-        "(mixed workload) and KV-cache plan"
-    )
-    be = {r["vocab"]: "never" if r["lam"] is None else r["lam"] for r in policy["break_even"]}
-    kv = [
-        {
-            "vocab": r["vocab"],
-            "b_max": r["b_max"],
-            "kv_bytes_per_seq": r["kv_bytes_per_seq"],
-            f"gain_vs_{render.human_size(r['reference_vocab'])}": r["gain"],
-            "break_even_lam": be[r["vocab"]],
-        }
-        for r in policy["kv_plan"]
+        "(mixed workload) and KV-cache plan",
+        render.rows(kv_table(policy), fmt),
+        f"\ndecode step per op at {hs(head)}, B={batch}",
+        render.rows(cm.breakdown(head, batch), fmt),
     ]
-    emit(render.rows(kv, fmt))
-    heads = policy["heads"]
-    emit(f"\ndecode step per op at {hs(heads[-1])}, B={classes[-1].batch}")
-    emit(render.rows(cm.breakdown(heads[-1], classes[-1].batch), fmt))
+    return "\n".join(out)
 
 
 # ---- tokenizers: tokenizer train / measure / prune ------------------------------------------
@@ -1518,25 +1458,36 @@ def validate(device, quick, grid_name, fit, fit_on, save_profile, out, plot, fmt
         log(f"wrote {plot}")
     if fmt == "json":
         emit(render.json_text(doc))
-        return
-    if fmt == "csv":
+    elif fmt == "csv":
         emit(render.rows(validation.point_rows(result), "csv"))
-        return
-    emit(validation.headline(result))
+    else:
+        emit(_validation_text(result, calibrated, fmt))
+
+
+def _validation_text(result, calibrated, fmt: str) -> str:
+    """A validation as ``validate`` prints it: every point, then the cost model's |error| by
+    group, and with a calibration the held-out points' error before and after it."""
+    from vocabjax import validation
+
+    out = [validation.headline(result)]
     if result.mismatch:
-        emit(f"note: {result.mismatch}")
-    emit("")
-    emit(render.rows(validation.point_rows(result), fmt))
-    emit("\n|error| of the cost model, percent of measured")
-    emit(render.rows(validation.summary_rows(result), fmt))
+        out.append(f"note: {result.mismatch}")
+    out += [
+        "",
+        render.rows(validation.point_rows(result), fmt),
+        "\n|error| of the cost model, percent of measured",
+        render.rows(validation.summary_rows(result), fmt),
+    ]
     if calibrated is not None:
         held = calibrated.held_out(result.results)
-        emit(f"\nheld-out points ({len(held)}, not fitted): |error| before calibration")
-        emit(render.rows(validation.summary_rows(result, held), fmt))
-        emit("after calibration")
-        emit(
-            render.rows(validation.summary_rows(result, calibrated.held_out(calibrated.after)), fmt)
-        )
+        after = calibrated.held_out(calibrated.after)
+        out += [
+            f"\nheld-out points ({len(held)}, not fitted): |error| before calibration",
+            render.rows(validation.summary_rows(result, held), fmt),
+            "after calibration",
+            render.rows(validation.summary_rows(result, after), fmt),
+        ]
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

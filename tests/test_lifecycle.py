@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vocabjax import render
 from vocabjax.compression import DEFAULT_CURVE
 from vocabjax.costmodel import CostModel, Settings
 from vocabjax.errors import UserError
@@ -25,7 +26,9 @@ from vocabjax.lifecycle import (
     fine_vocab,
     share_note,
     sweep,
+    sweep_json,
     sweep_rows,
+    sweep_tables,
 )
 from vocabjax.shapes import load_shape
 from vocabjax.trainprofile import TrainingProfile
@@ -261,3 +264,26 @@ def test_ensemble_shrinks_to_the_memory_budget():
 def test_bad_tolerance_is_a_user_error():
     with pytest.raises(UserError, match="tolerance must be a finite number >= 0"):
         sweep(_model(), Grid(), tolerance=-0.1)
+
+
+@pytest.mark.parametrize("device", ["a100-80gb", "a10g"])  # calibrated, datasheet
+def test_sweep_tables_and_json_are_made_of_the_rows(device):
+    cm = _model(device)
+    res = sweep(cm, Grid(vocab=(8192, 65536, 262144), batch=(1, 256), lam=(0.0, 100.0)))
+    rows = sweep_rows(cm, res)
+    tables = sweep_tables(cm, res)
+    assert [list(r) for r in tables.v_star] == [["B", "lam=0", "lam=100", "infer-only"]] * 2
+    for row in rows:
+        at = tables.v_star[res.grid.batch.index(row["batch"])]
+        assert at[f"lam={row['lam']:g}"] == render.v_star_cell(row)
+        assert at["infer-only"] == render.human_size(row["v_infer_only"])
+    if res.v_star_share is None:
+        assert tables.share is None
+    else:
+        assert all(c.endswith("%") for r in tables.share for k, c in r.items() if k != "B")
+    assert [r["vocab"] for r in tables.break_even] == list(res.grid.vocab)
+    doc = sweep_json([(cm, res)])
+    assert doc["table"] == rows and doc["tolerance"] == res.tolerance
+    assert doc["v_star_share_notes"] == [
+        {"device": cm.device.name, "model": cm.shape.name, "note": res.share_note}
+    ]

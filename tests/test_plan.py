@@ -9,7 +9,7 @@ from vocabjax.costmodel import CostModel, Settings
 from vocabjax.errors import UserError
 from vocabjax.hardware import load_device
 from vocabjax.lifecycle import DEFAULT_VOCAB
-from vocabjax.planning import make_plan, parse_workload, policy_json, subset_masks
+from vocabjax.planning import kv_table, make_plan, parse_workload, policy_json, subset_masks
 from vocabjax.shapes import load_shape
 from vocabjax.xp import PyMath
 
@@ -154,3 +154,15 @@ def test_lambda_zero_policy_routes_every_batch_to_the_training_optimum():
     pol = policy_json(p, cm, max_heads=3)
     assert [r["head"] for r in pol["batch_routes"]] == [DEFAULT_VOCAB[p.v_train]]
     assert pol["batch_routes"][0]["max_batch"] is None
+
+
+def test_kv_table_puts_break_even_beside_the_kv_plan():
+    cm = _model()
+    pol = policy_json(
+        make_plan(cm, DEFAULT_VOCAB, parse_workload(WORKLOAD), 100.0), cm, max_heads=3
+    )
+    table = kv_table(pol)
+    assert [r["vocab"] for r in table] == list(DEFAULT_VOCAB)
+    for row, kv, be in zip(table, pol["kv_plan"], pol["break_even"], strict=True):
+        assert row["gain_vs_32k"] == kv["gain"] and row["b_max"] == kv["b_max"]
+        assert row["break_even_lam"] == ("never" if be["lam"] is None else be["lam"])

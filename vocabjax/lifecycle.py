@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from vocabjax import render
 from vocabjax.costmodel import OP_FAMILIES, CostModel
 from vocabjax.errors import UserError
 from vocabjax.trainprofile import TrainingProfile
@@ -586,3 +587,73 @@ def break_even_rows(model: CostModel, result: SweepResult) -> list[dict]:
         for vi, v in enumerate(g.vocab)
         for bi, b in enumerate(g.batch)
     ]
+
+
+# ---- what the command line prints -------------------------------------------------------------
+
+
+def sweep_json(runs: Sequence[tuple[CostModel, SweepResult]]) -> dict:
+    """The JSON document of ``python cli.py sweep --format json``: the ``table`` and
+    ``break_even`` rows of every (model, result) in ``runs``, sweeps of one grid with one set of
+    settings, compression curve and options (those of the first run head the document)."""
+    model, result = runs[0]
+    return {
+        "schema": 1,
+        "kind": "sweep",
+        "cost_model": model.settings.mode,
+        "compression": model.compression.name,
+        "cap_batch": result.capped,
+        "tolerance": result.tolerance,
+        "v_star_share_notes": [
+            {"device": cm.device.name, "model": cm.shape.name, "note": res.share_note}
+            for cm, res in runs
+        ],
+        "table": [row for cm, res in runs for row in sweep_rows(cm, res)],
+        "break_even": [row for cm, res in runs for row in break_even_rows(cm, res)],
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepTables:
+    """One sweep as the tables ``python cli.py sweep`` prints, rows of plain values."""
+
+    v_star: list[dict]  # per B: V* and its band per lambda ("64k [45.2k..123k]*"), infer-only
+    share: list[dict] | None  # per B: the ensemble's share of each V* ("74%"); None without one
+    break_even: list[dict]  # per V: break-even lambda per B ("never" where it never comes)
+
+
+def sweep_tables(model: CostModel, result: SweepResult) -> SweepTables:
+    """The printed tables of one sweep (``render.rows`` draws them as text or Markdown)."""
+    rows = sweep_rows(model, result)
+    by_cell = {(r["batch"], r["lam"]): r for r in rows}
+    infer = {r["batch"]: r["v_infer_only"] for r in rows}
+
+    def by_lam(b: int, cell: Callable[[dict], Any]) -> dict:
+        return {"B": b, **{f"lam={x:g}": cell(by_cell[b, x]) for x in result.grid.lam}}
+
+    return SweepTables(
+        v_star=[
+            {**by_lam(b, render.v_star_cell), "infer-only": _size_or_dash(infer[b])}
+            for b in result.grid.batch
+        ],
+        share=None
+        if result.v_star_share is None
+        else [by_lam(b, _share_cell) for b in result.grid.batch],
+        break_even=render.pivot(
+            break_even_rows(model, result),
+            index="vocab",
+            columns="batch",
+            value="break_even_lam",
+            column_label=lambda b: f"B={b}",
+            cell=lambda x: "never" if x is None else x,
+        ),
+    )
+
+
+def _size_or_dash(v: int | None) -> str:
+    return "-" if v is None else render.human_size(v)
+
+
+def _share_cell(row: dict) -> str:
+    share = share_of_v_star(row)
+    return "-" if share is None else f"{100 * share:.0f}%"

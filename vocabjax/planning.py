@@ -39,6 +39,7 @@ from vocabjax.lifecycle import (
     train_optimum,
 )
 from vocabjax.outputs import schemas
+from vocabjax.render import human_size
 from vocabjax.units import BATCH_RANGE, BYTES_MAX, parse_size, quote_input
 
 MAX_SUBSETS = 200_000
@@ -411,3 +412,20 @@ def policy_json(plan: Plan, model: CostModel, *, max_heads: int) -> dict[str, An
         ],
         "kv_plan": kv_plan_rows(v, plan.b_max[:, 0], plan.kv_bytes_per_seq[:, 0]),
     }
+
+
+def kv_table(policy: dict[str, Any]) -> list[dict]:
+    """Per V of a policy: the KV plan (largest batch that fits, KV bytes per sequence, the gain
+    over the reference V) beside break-even lambda ("never" where it never comes), as ``plan``
+    prints it."""
+    be = {r["vocab"]: "never" if r["lam"] is None else r["lam"] for r in policy["break_even"]}
+    return [
+        {
+            "vocab": r["vocab"],
+            "b_max": r["b_max"],
+            "kv_bytes_per_seq": r["kv_bytes_per_seq"],
+            f"gain_vs_{human_size(r['reference_vocab'])}": r["gain"],
+            "break_even_lam": be[r["vocab"]],
+        }
+        for r in policy["kv_plan"]
+    ]
