@@ -181,7 +181,10 @@ def demo_trace(
     per token) takes passages of 60% of its room, so that it still gets a demo (short prompts
     give noisier bits per byte). Arrivals in a phase with ``gap_s`` > 0 are spaced by ``gap_s``
     times a uniform draw in [0.5, 1.5]; a burst arrives at one instant; a phase starts
-    ``max(gap_s, 1)`` seconds after the last arrival of the one before."""
+    ``max(gap_s, 1)`` seconds after the last arrival of the one before.
+
+    One function, longer than most: the phases draw from one random stream, one set of used
+    passages and one clock in order, and the trace for a seed depends on that order."""
     rng = random.Random(seed)
     pools = _demo_passages()
     shortest, longest = prompt_bytes
