@@ -4,6 +4,7 @@ and serve a trace of requests with a router and a quality controller.
 decode.py      the device side: prefill and the on-device decode loop as pure, jittable
                functions of a DecodeConfig, with their carry (Decoding); Sampling
 engine.py      load_run, Engine: host packing of prompts, the compile cache, timed generation
+batching.py    RunningBatch: continuous batching, requests joining and leaving a running batch
 router.py      load_policy, choose_head / shift_head / offset_bounds, route_batch
 trace.py       Request, load_trace / write_trace (JSONL), demo_trace (builtin corpus)
 controller.py  Thresholds, derive_thresholds / training_bpb, QualityController (hysteresis)
@@ -11,6 +12,7 @@ server.py      serve: the virtual clock, admission and recording, ServeResult (r
                load_serve_inputs and generate: what the serve and generate commands do
 """
 
+from vocabjax.serving.batching import Finished, Joined, Joining, RunningBatch, solo_key
 from vocabjax.serving.controller import (
     DEFAULT_BAND,
     DEFAULT_WINDOW,
@@ -79,15 +81,19 @@ __all__ = [
     "Decoding",
     "DemoPhase",
     "Engine",
+    "Finished",
     "Generated",
     "Generation",
     "HeadChoice",
+    "Joined",
+    "Joining",
     "LoadedRun",
     "Move",
     "PromptRoom",
     "QualityController",
     "Request",
     "RoutedBatch",
+    "RunningBatch",
     "Sampling",
     "ServeConfig",
     "ServeInputs",
@@ -112,6 +118,7 @@ __all__ = [
     "route_batch",
     "serve",
     "shift_head",
+    "solo_key",
     "training_bpb",
     "write_trace",
 ]

@@ -1,5 +1,7 @@
 """The engine's device side: prefill and the on-device decode loop as pure functions of a
-``DecodeConfig`` (static) and arrays, each jittable on its own.
+``DecodeConfig`` (static) and arrays, each jittable on its own; and the row changes a running
+batch needs (``put_rows``, ``take_rows``) with the loop that yields to the host
+(``decode_some``).
 
     config = DecodeConfig(run.fn, run.max_seq, head=500, separator=0)
     caches, first_b, _ = jax.jit(partial(prefill, config))(params, ids_bt, lengths_b, rng)
@@ -16,12 +18,18 @@ the positions before it, so the padding a shorter prompt leaves in the cache is 
 before any query can see it. ``take`` appends a step's tokens and sets each row's stop code.
 
 Every per-row quantity (position, count, limit, stop code, whether the row holds a request)
-lives in the carry ``Decoding``, so a caller may change rows between runs of ``step``.
+lives in the carry ``Decoding``, so a caller may change rows between runs of ``step``: continuous
+batching prefills only the joining prompts (``prefill`` of their own rows), writes them into
+free rows of the running carry (``put_rows`` of ``start``'s rows), runs ``decode_some`` (at most
+k steps, ending early when a row stops) and regroups the rows into a smaller or larger bucket
+(``take_rows``).
 
 The next token is ``vocabjax.unembed.greedy`` (temperature 0) or ``sample`` (Gumbel-max at a
-temperature, optionally within the top k) on the head ``W[:V]`` with ``impl="auto"``. Step i
-samples with ``fold_in(rng, i)`` (the prefill's pick with ``fold_in(rng, 0)``), so a key
-reproduces a generation.
+temperature, optionally within the top k) on the head ``W[:V]`` with ``impl="auto"``. Sampling
+is keyed per row: ``rng`` is one key for the batch (row i gets ``fold_in(rng, i)``) or one key
+per row, and a row's token j (0: the prefill's pick) uses ``fold_in(row key, j)``. So a key
+reproduces a generation, and a row's tokens depend on its own key alone, never on its row or
+the rows beside it.
 """
 
 from __future__ import annotations
@@ -98,17 +106,34 @@ class Decoding(NamedTuple):
     pos_b: jax.Array  # where each row's next fed token goes
     limits_b: jax.Array  # most tokens each row may generate
     real_b: jax.Array  # rows that hold a request (the others never run)
-    steps: jax.Array  # decode steps run (step i samples with fold_in(rng, i))
+    steps: jax.Array  # decode steps run
     produced: jax.Array  # tokens the steps produced for running rows
 
 
-def pick(config: DecodeConfig, model: GPT, h_bd: jax.Array, rng: jax.Array) -> jax.Array:
-    """The next token of each row from its hidden state (B, D); -1 where it is not finite."""
+def row_keys(rng: jax.Array, rows: int) -> jax.Array:
+    """One typed key per row: ``rng`` itself when it holds ``rows`` keys, else ``fold_in(rng,
+    row)`` of the one key."""
+    if rng.shape == (rows,):
+        return rng
+    return jax.vmap(jax.random.fold_in, (None, 0))(rng, jnp.arange(rows, dtype=jnp.uint32))
+
+
+def pick(
+    config: DecodeConfig, model: GPT, h_bd: jax.Array, keys_b: jax.Array, j_b: jax.Array
+) -> jax.Array:
+    """The next token of each row from its hidden state (B, D), the row's token ``j_b`` drawn
+    with ``fold_in(keys_b, j_b)``; -1 where the state is not finite."""
     w_vd = model.head(config.head)
     s = config.sampling
     if s.greedy:
         return unembed.greedy(h_bd, w_vd, impl="auto")
-    return unembed.sample(h_bd, w_vd, rng, s.temperature, s.top_k, impl="auto")
+
+    def one(h_d, key, j):  # a row alone: its noise cannot depend on its row index
+        return unembed.sample(
+            h_d[None], w_vd, jax.random.fold_in(key, j), s.temperature, s.top_k, impl="auto"
+        )[0]
+
+    return jax.vmap(one)(h_bd, keys_b, j_b)
 
 
 def prompt_nats(
@@ -128,14 +153,15 @@ def prefill(
     config: DecodeConfig, params, ids_bt: jax.Array, lengths_b: jax.Array, rng: jax.Array
 ) -> tuple[Any, jax.Array, jax.Array | None]:
     """(caches, each row's first token, each prompt's nats or None) of right-padded prompts
-    ``ids_bt`` whose real lengths are ``lengths_b``."""
+    ``ids_bt`` whose real lengths are ``lengths_b``; ``rng`` is one key or one per row."""
     model = config.fn.model(params)
     rows = ids_bt.shape[0]
     caches = model.init_cache(rows, config.max_seq)
     h_btd, caches = model.cached(ids_bt, caches, jnp.zeros((rows,), jnp.int32))
     h_bd = jnp.take_along_axis(h_btd, (lengths_b - 1)[:, None, None], axis=1)[:, 0]
     nats_b = prompt_nats(config, model, h_btd, ids_bt, lengths_b) if config.score else None
-    return caches, pick(config, model, h_bd, jax.random.fold_in(rng, 0)), nats_b
+    first_b = pick(config, model, h_bd, row_keys(rng, rows), jnp.zeros((rows,), jnp.int32))
+    return caches, first_b, nats_b
 
 
 def running(state: Decoding) -> jax.Array:
@@ -192,17 +218,17 @@ def start(
 
 def step(config: DecodeConfig, params, state: Decoding, rng: jax.Array) -> Decoding:
     """One decode step: each running row feeds its last token at its position and takes the
-    next; the other rows keep their state."""
+    next; the other rows keep their state. ``rng``: one key or one per row."""
     model = config.fn.model(params)
     run_b = running(state)
-    steps = state.steps + 1
+    rows = run_b.shape[0]
     pos_b = jnp.minimum(state.pos_b, config.max_seq - 1)  # finished rows write harmlessly
     h_b1d, caches = model.cached(state.last_b[:, None], state.caches, pos_b)
-    tokens_b = pick(config, model, h_b1d[:, 0], jax.random.fold_in(rng, steps))
+    tokens_b = pick(config, model, h_b1d[:, 0], row_keys(rng, rows), state.n_b)
     state = state._replace(
         caches=caches,
         pos_b=state.pos_b + run_b.astype(jnp.int32),
-        steps=steps,
+        steps=state.steps + 1,
         produced=state.produced + run_b.sum(dtype=jnp.int32),
     )
     return take(config, state, tokens_b, run_b)
@@ -224,3 +250,76 @@ def decode(
     state = start(config, caches, first_b, start_b, limits_b, real_b)
     body = functools.partial(step, config, params, rng=rng)
     return lax.while_loop(lambda s: running(s).any(), body, state)
+
+
+def decode_some(
+    config: DecodeConfig, params, state: Decoding, rng: jax.Array, max_steps: jax.Array
+) -> Decoding:
+    """At most ``max_steps`` decode steps in one on-device loop, ending early once a row that
+    was running has stopped: the host can then free its row and admit a waiting request."""
+    was_b = running(state)
+
+    def more(carry: tuple[Decoding, jax.Array]) -> jax.Array:
+        s, i = carry
+        run_b = running(s)
+        return (i < max_steps) & run_b.any() & ~(was_b & ~run_b).any()
+
+    def body(carry: tuple[Decoding, jax.Array]) -> tuple[Decoding, jax.Array]:
+        s, i = carry
+        return step(config, params, s, rng), i + 1
+
+    return lax.while_loop(more, body, (state, jnp.int32(0)))[0]
+
+
+# The carry's fields with a leading row axis (``steps`` and ``produced`` are the batch's).
+ROW_FIELDS = ("caches", "out_bs", "n_b", "stop_b", "last_b", "pos_b", "limits_b", "real_b")
+
+
+def put_rows(state: Decoding, new: Decoding, slots_n: jax.Array) -> Decoding:
+    """``state`` with row ``slots_n[i]`` replaced by ``new``'s row i (a ``start`` of joining
+    prompts); a slot past the last row is dropped, so ``new`` may carry padding rows."""
+
+    def put(x, y):
+        return x.at[slots_n].set(y, mode="drop")
+
+    return state._replace(
+        **{f: jax.tree.map(put, getattr(state, f), getattr(new, f)) for f in ROW_FIELDS}
+    )
+
+
+def take_rows(state: Decoding, index_r: jax.Array, real_r: jax.Array) -> Decoding:
+    """A carry of ``len(index_r)`` rows, row r being ``state``'s row ``index_r[r]`` where
+    ``real_r`` holds and an empty row (no request) elsewhere: a batch regrouped into another
+    bucket of rows."""
+
+    def take_(x):
+        return jnp.take(x, index_r, axis=0)
+
+    out = state._replace(**{f: jax.tree.map(take_, getattr(state, f)) for f in ROW_FIELDS})
+    return out._replace(real_b=out.real_b & real_r)
+
+
+def empty(config: DecodeConfig, params, *, rows: int) -> Decoding:
+    """A carry of ``rows`` rows that hold no request (zero caches)."""
+    caches = config.fn.model(params).init_cache(rows, config.max_seq)
+    zeros_b = jnp.zeros((rows,), jnp.int32)
+    return start(config, caches, zeros_b, zeros_b, zeros_b + 1, zeros_b.astype(bool))
+
+
+def join(
+    config: DecodeConfig,
+    state: Decoding,
+    keys_b: jax.Array,
+    caches: Any,
+    first_n: jax.Array,
+    lengths_n: jax.Array,
+    limits_n: jax.Array,
+    real_n: jax.Array,
+    keys_n: jax.Array,
+    slots_n: jax.Array,
+) -> tuple[Decoding, jax.Array]:
+    """Prefilled prompts (``caches``, ``first_n`` of their own ``prefill``) into rows
+    ``slots_n`` of a running carry and its row keys: each starts as ``start`` starts it, the
+    other rows untouched; padding prompts carry a slot past the last row and are dropped."""
+    new = start(config, caches, first_n, lengths_n, limits_n, real_n)
+    return put_rows(state, new, slots_n), keys_b.at[slots_n].set(keys_n, mode="drop")

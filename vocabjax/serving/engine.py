@@ -31,7 +31,7 @@ import dataclasses
 import functools
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -259,6 +259,15 @@ def _pack(
     return _Packed(ids_bt, lengths_b, limits_b, np.arange(rows) < b)
 
 
+def check_finite(stop_b: np.ndarray) -> None:
+    """One UserError when a row stopped on a non-finite hidden state."""
+    if np.any(stop_b == STOP_CODES["nonfinite"]):
+        raise UserError(
+            "the model's hidden state is not finite (NaN or inf): the checkpoint's "
+            "parameters may be corrupt"
+        )
+
+
 def _completions(
     level: HeadTokenizer,
     prompts: Sequence[str],
@@ -269,11 +278,7 @@ def _completions(
     """The prompts' completions from the decode loop's fetched results (padding rows dropped);
     a row stopped on a non-finite state is one UserError."""
     out_bs, n_b, stop_b = done
-    if np.any(stop_b[batch.real_b] == STOP_CODES["nonfinite"]):
-        raise UserError(
-            "the model's hidden state is not finite (NaN or inf): the checkpoint's "
-            "parameters may be corrupt"
-        )
+    check_finite(stop_b[batch.real_b])
     b = len(prompts)
     nats = [None] * b if nats_b is None else [float(x) for x in np.asarray(nats_b)[:b]]
     out = []
@@ -329,6 +334,22 @@ class Engine:
     def __init__(self, run: LoadedRun) -> None:
         self.run = run
         self._compiled: dict[tuple, tuple[Any, Any]] = {}
+        self._functions: dict[tuple, Any] = {}  # ahead-of-time compiled, by (name, shapes)
+
+    def function(
+        self, key: tuple, fn: Callable, example: tuple, *, donate: tuple[int, ...] = ()
+    ) -> tuple[Any, float]:
+        """``jax.jit(fn)`` compiled for ``example``'s shapes on first use of ``key`` and called
+        once untimed (a fresh executable's first call pays set-up costs; donated arguments are
+        copied for it), then kept: (the compiled function, the seconds spent now, 0 if kept)."""
+        if key in self._functions:
+            return self._functions[key], 0.0
+        started = time.perf_counter()
+        compiled = jax.jit(fn, donate_argnums=donate).lower(*example).compile()
+        warm = [jax.tree.map(jnp.copy, x) if i in donate else x for i, x in enumerate(example)]
+        jax.block_until_ready(compiled(*warm))
+        self._functions[key] = compiled
+        return compiled, time.perf_counter() - started
 
     def encode(self, prompts: Sequence[str], head: int) -> list[np.ndarray]:
         """Each prompt's ids at ``head``'s level, after the separator; checked against max_seq."""

@@ -1,0 +1,123 @@
+"""Continuous batching in the engine: requests that join a running batch between decode steps,
+leave when they stop, and move between row buckets get exactly the tokens they get served
+alone (greedy, and sampled with their own key); the loop that yields to the host stops at k
+steps or at the first row that stops."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from serving_testing import scramble
+
+from vocabjax.serving import Engine, LoadedRun, Sampling, bucket_length, load_run
+from vocabjax.serving import decode as dec
+from vocabjax.serving.batching import Joining, RunningBatch, solo_key
+
+HEAD = 500
+# Prompts of different lengths (two prompt buckets) and limits (1: it stops at the token its
+# prefill picks, inside the join).
+PROMPTS = (
+    "def main(argv):\n    return argv[0]",
+    "import os",
+    "x = 1",
+    "class A:\n    pass\n\n\nclass B(A):\n    value = 3\n",
+    "for i in range(10):",
+    "y",
+)
+LIMITS = (7, 12, 1, 9, 5, 11)
+
+
+@pytest.fixture(scope="module")
+def scrambled(served_run_dir) -> LoadedRun:
+    return scramble(load_run(served_run_dir))
+
+
+@pytest.fixture(scope="module")
+def engine(scrambled) -> Engine:
+    return Engine(scrambled)
+
+
+def solo(engine: Engine, i: int, sampling: Sampling) -> tuple[int, ...]:
+    """Request i served alone by ``Engine.generate`` with its own seed."""
+    alone = Sampling(sampling.temperature, sampling.top_k, seed=100 + i)
+    out = engine.generate([PROMPTS[i]], head=HEAD, max_new_tokens=LIMITS[i], sampling=alone)
+    return out.completions[0].tokens
+
+
+@pytest.mark.parametrize(
+    "sampling", [Sampling(), Sampling(temperature=1.0)], ids=["greedy", "sampled"]
+)
+def test_joining_and_leaving_rows_change_no_request_tokens(engine, sampling):
+    ids = engine.encode(PROMPTS, HEAD)
+    assert {bucket_length(len(x), engine.run.max_seq) for x in ids} == {16, 32}
+
+    def joining(*which: int) -> list[Joining]:
+        return [Joining(i, ids[i], LIMITS[i], solo_key(100 + i)) for i in which]
+
+    batch = RunningBatch(engine, HEAD, sampling, max_rows=4)
+    got: dict[int, tuple[int, ...]] = {}
+    kinds: list[tuple[str, int, int]] = []  # (call, rows, requests running when it started)
+
+    def keep(done, calls):
+        got.update({f.tag: f.tokens for f in done})
+        kinds.extend((c.kind, c.rows, c.running) for c in calls)
+
+    joined, done, calls = batch.join(joining(0, 1))
+    keep(done, calls)
+    assert [j.prompt_tokens for j in joined] == [len(ids[0]), len(ids[1])]
+    keep(*batch.advance(3))
+    joined, done, calls = batch.join(joining(2, 3))  # 4 rows now; 2 stops at its first token
+    keep(done, calls)
+    assert [f.tag for f in done] == [2] and batch.live == 3
+    while batch.room < 2:
+        keep(*batch.advance(2))
+    running = batch.live
+    keep(*batch.join(joining(4, 5))[1:])
+    while batch.live:
+        keep(*batch.advance(2))
+    assert sorted(got) == list(range(6))
+    for i in range(6):
+        want = solo(engine, i, sampling)
+        assert got[i] == want, f"request {i}"
+        assert len(want) == LIMITS[i]  # every request ran to its own limit
+    assert len({t for ts in got.values() for t in ts}) > 10  # varied tokens: the check has teeth
+    assert ("regroup", 4, 2) in kinds  # grew from 2 rows to 4 with two running
+    assert any(k == "regroup" and rows < 4 for k, rows, _ in kinds)  # and shrank when it drained
+    assert running == 2 and ("join", 4, 2) in kinds  # 4 and 5 joined while two ran
+    assert batch.rows == 0  # empty: dropped
+
+
+def test_decode_some_stops_at_k_steps_or_when_a_row_stops():
+    from flax import nnx
+    from serving_testing import MICRO
+
+    from vocabjax.models import GPT, GPTConfig
+    from vocabjax.train import Functional
+
+    fn, params = Functional.of(GPT(GPTConfig(MICRO, max_vocab=97, max_seq=24), rngs=nnx.Rngs(5)))
+    config = dec.DecodeConfig(fn, 24, head=97)
+    ids_bt = jax.random.randint(jax.random.key(2), (3, 16), 4, 97, dtype=jnp.int32)
+    lengths_b = jnp.asarray([5, 9, 1], jnp.int32)
+    rng = jax.random.key(0)
+    caches, first_b, _ = jax.jit(functools.partial(dec.prefill, config))(
+        params, ids_bt, lengths_b, rng
+    )
+    limits_b = jnp.asarray([4, 10, 1], jnp.int32)
+    state = dec.start(config, caches, first_b, lengths_b, limits_b, jnp.asarray([True] * 3))
+    assert dec.running(state).tolist() == [True, True, False]  # row 2: its limit at once
+    some = jax.jit(functools.partial(dec.decode_some, config))
+    two = some(params, state, rng, jnp.int32(2))
+    assert int(two.steps) == 2 and two.n_b.tolist() == [3, 3, 1]
+    on = some(params, two, rng, jnp.int32(100))
+    assert int(on.steps) == 3 and on.n_b.tolist() == [4, 4, 1]  # row 0 stopped: back to the host
+    assert dec.running(on).tolist() == [False, True, False]
+    rest = some(params, on, rng, jnp.int32(100))
+    assert rest.n_b.tolist() == [4, 10, 1] and int(rest.steps) == 9
+    whole = jax.jit(functools.partial(dec.decode, config))(
+        params, caches, first_b, lengths_b, limits_b, jnp.asarray([True] * 3), rng
+    )
+    np.testing.assert_array_equal(rest.out_bs, whole.out_bs)  # the loop, cut in three

@@ -1,0 +1,304 @@
+"""Continuous batching: a running batch of rows at one head, which requests join between decode
+steps and leave when they stop.
+
+    batch = RunningBatch(engine, head=500, sampling=Sampling(), max_rows=32, score=True)
+    joined, done, calls = batch.join([Joining(tag, ids, limit, key), ...])
+    done, calls = batch.advance(max_steps=16)    # <= 16 steps on the device, fewer if a row stops
+    batch.live, batch.rows
+
+The rows come in buckets (powers of two, at most ``max_rows``), so a few compiled shapes serve
+every batch size: a join that needs more rows than the bucket has first regroups the batch into
+a larger bucket, and once at most a quarter of the rows hold requests it regroups into a
+smaller one (``decode.take_rows``); a batch that empties is dropped. The joining prompts are
+prefilled together, apart from the running rows (which are not recomputed), and their caches,
+first tokens and counters written into free rows (``decode.join``). ``advance`` runs
+``decode.decode_some``: the on-device loop, for at most ``max_steps`` steps and no further than
+the step at which a row stops, so the host can free its row and admit.
+
+A request's tokens do not depend on the rows it shares a batch with or on when it joined: the
+model computes each row on its own, greedy picks are per row, and a sampled row draws token j
+with ``fold_in(Joining.key, j)``. So a request gets what ``Engine.generate`` gives it alone
+with that key (``solo_key``; tested).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vocabjax.serving import decode
+from vocabjax.serving.decode import STOP_CODES, STOP_NAMES, Sampling, Stop
+from vocabjax.serving.engine import Engine, bucket_length, check_finite
+
+SHRINK = 4  # regroup into a smaller bucket once at most 1/SHRINK of the rows hold requests
+
+
+def solo_key(seed: int) -> jax.Array:
+    """The sampling key of a request that ``Engine.generate`` serves alone with ``seed``: its
+    row 0's key, ``fold_in(key(seed), 0)``."""
+    return decode.row_keys(jax.random.key(seed), 1)[0]
+
+
+def pow2_rows(n: int, max_rows: int) -> int:
+    """The bucket of rows for ``n`` requests: the next power of two, at most ``max_rows``."""
+    return min(max_rows, 1 << max(n - 1, 0).bit_length())
+
+
+@dataclasses.dataclass(frozen=True)
+class Joining:
+    """A request joining a running batch."""
+
+    tag: Any  # the caller's handle, given back with its results
+    ids: np.ndarray  # prompt ids at the batch's head, the separator first
+    limit: int  # most tokens it may generate
+    key: jax.Array  # its sampling key (typed): token j is drawn with fold_in(key, j)
+
+
+@dataclasses.dataclass(frozen=True)
+class Joined:
+    """A request that joined: its prompt's tokens and (``score``) negative log-likelihood."""
+
+    tag: Any
+    prompt_tokens: int
+    prompt_nats: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Finished:
+    """A request that stopped: what it generated and why."""
+
+    tag: Any
+    tokens: tuple[int, ...]  # generated ids (the stopping separator left out)
+    stop: Stop
+
+
+CallKind = Literal["join", "steps", "regroup"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One device call of a running batch."""
+
+    kind: CallKind
+    head: int
+    rows: int  # the bucket it ran at
+    running: int  # requests the batch held when it started
+    seconds: float  # wall time, results fetched, compiling left out
+    compile_s: float  # compiling a new shape and one warm-up call (0 when it was kept)
+    steps: int = 0  # decode steps run
+    tokens: int = 0  # tokens those steps produced for running rows
+    joined: int = 0  # requests that joined (a join)
+    bucket: int = 0  # padded prompt length of a join
+
+
+@dataclasses.dataclass
+class _Row:
+    tag: Any
+    prompt_tokens: int
+
+
+class RunningBatch:
+    """The running rows of one head: the decode carry on the device and, per row, the request
+    it holds (host side). Not thread-safe: one caller drives it."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        head: int,
+        sampling: Sampling | None = None,
+        *,
+        max_rows: int,
+        score: bool = False,
+    ) -> None:
+        if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
+            raise ValueError(f"max_rows={max_rows!r} must be a positive integer")
+        self.engine = engine
+        self.head = head
+        self.sampling = sampling or Sampling()
+        self.max_rows = max_rows
+        self.score = score
+        self.config = engine.config(head, self.sampling, score)
+        self._rows: list[_Row | None] = []
+        self._state: decode.Decoding | None = None
+        self._keys_b: jax.Array | None = None
+
+    @property
+    def rows(self) -> int:
+        return len(self._rows)
+
+    @property
+    def live(self) -> int:
+        """Requests held (running, or stopped and not yet collected: never between calls)."""
+        return sum(r is not None for r in self._rows)
+
+    @property
+    def room(self) -> int:
+        """Requests that can still join."""
+        return self.max_rows - self.live
+
+    # ---- the calls ----------------------------------------------------------------------------
+
+    def join(self, joining: Sequence[Joining]) -> tuple[list[Joined], list[Finished], list[Call]]:
+        """Prefill ``joining`` (their rows alone) into free rows: each one's prompt tokens and
+        nats, the requests that stopped at their first token, and the device calls made."""
+        n = len(joining)
+        if n == 0:
+            return [], [], []
+        if n > self.room:
+            raise ValueError(f"{n} requests join a batch with room for {self.room}")
+        calls = []
+        need = self.live + n
+        started = time.perf_counter()
+        compiled = 0.0
+        if self._state is None:
+            compiled = self._start(pow2_rows(need, self.max_rows))
+        elif need > self.rows:
+            calls.append(self._regroup(pow2_rows(need, self.max_rows)))
+            started = time.perf_counter()
+        running = self.live
+        free = [r for r, row in enumerate(self._rows) if row is None][:n]
+        n_pad = 1 << (n - 1).bit_length()
+        lengths = [len(j.ids) for j in joining]
+        bucket = bucket_length(max(lengths), self.config.max_seq)
+        ids_nt = np.zeros((n_pad, bucket), np.int32)
+        for row, j in zip(ids_nt, joining, strict=False):
+            row[: len(j.ids)] = j.ids
+        pad = n_pad - n
+        lengths_n = jnp.asarray(np.asarray(lengths + [1] * pad, np.int32))
+        keys_n = jnp.stack([j.key for j in joining] + [joining[0].key] * pad)
+        params = self.engine.run.params
+        s = self.sampling
+        prefill, compile_p = self.engine.function(
+            ("prefill", self.head, n_pad, bucket, s.temperature, s.top_k, self.score),
+            functools.partial(decode.prefill, self.config),
+            (params, jnp.asarray(ids_nt), lengths_n, keys_n),
+        )
+        caches, first_n, nats_n = prefill(params, jnp.asarray(ids_nt), lengths_n, keys_n)
+        args = (
+            self._state,
+            self._keys_b,
+            caches,
+            first_n,
+            lengths_n,
+            jnp.asarray(np.asarray([j.limit for j in joining] + [1] * pad, np.int32)),
+            jnp.asarray(np.arange(n_pad) < n),
+            keys_n,
+            jnp.asarray(np.asarray(free + [self.rows] * pad, np.int32)),
+        )
+        join, compile_j = self.engine.function(
+            ("join", self.head, self.rows, n_pad),
+            functools.partial(decode.join, self.config),
+            args,
+            donate=(0, 1),
+        )
+        self._state, self._keys_b = join(*args)
+        nats = [None] * n if nats_n is None else [float(x) for x in np.asarray(nats_n)[:n]]
+        joined = []
+        for r, j, nll in zip(free, joining, nats, strict=True):
+            self._rows[r] = _Row(j.tag, len(j.ids))
+            joined.append(Joined(j.tag, len(j.ids), nll))
+        finished = self._collect()
+        compiled += compile_p + compile_j
+        seconds = time.perf_counter() - started - compiled
+        calls.append(
+            Call("join", self.head, self.rows, running, seconds, compiled, joined=n, bucket=bucket)
+        )
+        return joined, finished, calls + self._shrink()
+
+    def advance(self, max_steps: int) -> tuple[list[Finished], list[Call]]:
+        """At most ``max_steps`` decode steps on the device, ending early at the step where a
+        row stops: the requests that stopped, and the device calls made."""
+        if self._state is None or self.live == 0:
+            return [], []
+        started = time.perf_counter()
+        running = self.live
+        params, s = self.engine.run.params, self.sampling
+        args = (params, self._state, self._keys_b, jnp.int32(max_steps))
+        steps, compiled = self.engine.function(
+            ("steps", self.head, self.rows, s.temperature, s.top_k),
+            functools.partial(decode.decode_some, self.config),
+            args,
+            donate=(1,),
+        )
+        before = (int(self._state.steps), int(self._state.produced))
+        self._state = steps(*args)
+        finished = self._collect()
+        ran = int(self._state.steps) - before[0]
+        tokens = int(self._state.produced) - before[1]
+        seconds = time.perf_counter() - started - compiled
+        call = Call("steps", self.head, self.rows, running, seconds, compiled, ran, tokens)
+        return finished, [call, *self._shrink()]
+
+    # ---- rows ---------------------------------------------------------------------------------
+
+    def _start(self, rows: int) -> float:
+        """An empty carry of ``rows`` rows; the seconds spent compiling it."""
+        params = self.engine.run.params
+        empty, compiled = self.engine.function(
+            ("empty", self.head, rows),
+            functools.partial(decode.empty, self.config, rows=rows),
+            (params,),
+        )
+        self._state = empty(params)
+        self._keys_b = decode.row_keys(jax.random.key(0), rows)  # replaced as rows join
+        self._rows = [None] * rows
+        return compiled
+
+    def _regroup(self, rows: int) -> Call:
+        """The held requests moved into the first rows of a bucket of ``rows``."""
+        started = time.perf_counter()
+        held = [r for r, row in enumerate(self._rows) if row is not None]
+        index_r = jnp.asarray(np.asarray(held + [0] * (rows - len(held)), np.int32))
+        real_r = jnp.asarray(np.arange(rows) < len(held))
+        args = (self._state, self._keys_b, index_r, real_r)
+        regroup, compiled = self.engine.function(("regroup", self.rows, rows), _regrouped, args)
+        self._state, self._keys_b = jax.block_until_ready(regroup(*args))
+        running = len(held)
+        self._rows = [self._rows[r] for r in held] + [None] * (rows - len(held))
+        seconds = time.perf_counter() - started - compiled
+        return Call("regroup", self.head, rows, running, seconds, compiled)
+
+    def _shrink(self) -> list[Call]:
+        """Drop an empty batch; regroup one whose requests fill at most 1/SHRINK of its rows."""
+        live = self.live
+        if live == 0:
+            self._state, self._keys_b, self._rows = None, None, []
+            return []
+        smaller = pow2_rows(live, self.max_rows)
+        return [self._regroup(smaller)] if SHRINK * live <= self.rows else []
+
+    def _collect(self) -> list[Finished]:
+        """The held requests whose rows have stopped; their rows become free."""
+        assert self._state is not None
+        stop_b = np.asarray(self._state.stop_b)
+        done = [
+            r
+            for r, row in enumerate(self._rows)
+            if row is not None and stop_b[r] != STOP_CODES["running"]
+        ]
+        if not done:
+            return []
+        check_finite(stop_b[done])
+        n_b = np.asarray(self._state.n_b)
+        out_bs = np.asarray(self._state.out_bs)
+        finished = []
+        for r in done:
+            row = self._rows[r]
+            assert row is not None
+            stop: Stop = STOP_NAMES[int(stop_b[r])]  # type: ignore[assignment]  (finite: checked)
+            finished.append(Finished(row.tag, tuple(map(int, out_bs[r, : n_b[r]])), stop))
+            self._rows[r] = None
+        return finished
+
+
+def _regrouped(
+    state: decode.Decoding, keys_b: jax.Array, index_r: jax.Array, real_r: jax.Array
+) -> tuple[decode.Decoding, jax.Array]:
+    return decode.take_rows(state, index_r, real_r), jnp.take(keys_b, index_r, axis=0)
