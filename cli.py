@@ -38,7 +38,7 @@ from vocabjax.outputs import atomic_write_json, check_file_target
 from vocabjax.planning import kv_table, make_plan, parse_workload, policy_json
 from vocabjax.plots import check_plot_path, plot_sweep
 from vocabjax.serving.controller import DEFAULT_BAND, DEFAULT_WINDOW
-from vocabjax.serving.server import DEFAULT_MAX_BATCH, DEFAULT_MAX_NEW_TOKENS
+from vocabjax.serving.records import BATCHING, DEFAULT_MAX_BATCH, DEFAULT_MAX_NEW_TOKENS
 from vocabjax.shapes import BUILTIN_SHAPES, DEFAULT_MODEL, load_shape
 from vocabjax.trainprofile import load_training
 from vocabjax.units import (
@@ -1117,7 +1117,21 @@ def _timing_columns(t: dict) -> dict:
     type=click.IntRange(1),
     default=DEFAULT_MAX_BATCH,
     show_default=True,
-    help="Most waiting requests admitted into one batch.",
+    help="Most requests in one batch (static) or running at one head (continuous).",
+)
+@click.option(
+    "--batching",
+    type=click.Choice(BATCHING),
+    default="continuous",
+    show_default=True,
+    help="continuous: requests join a running batch between decode steps and leave when they "
+    "stop; static: a batch runs to its end before the next is admitted.",
+)
+@click.option(
+    "--memory",
+    type=_Parsed("SIZE", lambda text, what: parse_size(text, what=what, maximum=BYTES_MAX)),
+    help="Memory budget of the KV plan that continuous batching admits within (2g, 80g) "
+    "[default: the device's memory; 2g on a CPU].",
 )
 @click.option(
     "--max-new-tokens",
@@ -1165,8 +1179,10 @@ def _timing_columns(t: dict) -> dict:
 )
 @format_option
 def serve(run_dir, policy, trace, demo, save_trace, plot, fmt, **options):
-    """Serve a trace of requests with a trained run: the policy's router picks a head per
-    batch, the quality controller moves it a level up or down on the prompts' bits per byte.
+    """Serve a trace of requests with a trained run on a virtual clock: requests join running
+    batches (continuous batching, within the KV plan of --memory), the policy's router picks a
+    head per admission, the quality controller moves it a level up or down on the prompts' bits
+    per byte.
 
     \b
     Example:
@@ -1175,6 +1191,7 @@ def serve(run_dir, policy, trace, demo, save_trace, plot, fmt, **options):
             --workload "edge:b=1:share=0.5,dc:b=256:share=0.5"
         python cli.py serve --run runs/tiny --policy policy.json --demo
         python cli.py serve --run runs/tiny --policy policy.json --trace trace.jsonl --format json
+        python cli.py serve --run runs/tiny --policy policy.json --batching static
     """
     from vocabjax.serving import Engine, Sampling, ServeConfig, load_serve_inputs, write_trace
     from vocabjax.serving import serve as serve_trace
@@ -1186,6 +1203,8 @@ def serve(run_dir, policy, trace, demo, save_trace, plot, fmt, **options):
         max_new_tokens=options["max_new_tokens"],
         window=options["window"],
         sampling=Sampling(options["temperature"], options["top_k"], options["seed"]),
+        batching=options["batching"],
+        memory_bytes=options["memory"],
     )
     inputs = load_serve_inputs(
         run_dir, policy, trace=trace, seed=options["seed"], max_new_tokens=config.max_new_tokens,
@@ -1250,6 +1269,7 @@ def _serve_table(result) -> None:
     emit(
         f"switches: {s['router_switches']} by the router, {s['controller_moves']} by the controller"
     )
+    emit(_batching_line(result))
     emit("\nper head")
     emit(render.rows(result.head_rows(), "table"))
     if result.phase_rows():
@@ -1263,6 +1283,24 @@ def _serve_table(result) -> None:
             for w in result.switches
         ]  # fmt: skip
         emit(render.rows(rows, "table"))
+
+
+def _batching_line(result) -> str:
+    """How the requests shared the device: running batch, queue wait and, for continuous
+    batching, the memory they waited for."""
+    s = result.summary()
+    line = (
+        f"{s['batching']} batching: running batch mean {s['running_mean']:.1f}, max "
+        f"{s['running_max']}; queue wait p95 {1e3 * s['queue_p95_s']:.1f} ms"
+    )
+    if result.memory is None:
+        return line
+    from vocabjax.serving.admission import human_bytes
+
+    return line + (
+        f"; KV cache peak {human_bytes(s['kv_peak_bytes'] or 0)} of "
+        f"{human_bytes(result.memory.kv_budget)}; {s['memory_waits']} request(s) waited for memory"
+    )
 
 
 def _rate(x) -> str:

@@ -311,7 +311,7 @@ def trace() -> list[Request]:
 
 def test_the_serving_loop_routes_moves_and_keeps_its_clock(engine):
     # Thresholds far below any BPB of these prompts: every full window asks for a level up.
-    config = ServeConfig(max_batch=3, window=2)
+    config = ServeConfig(max_batch=3, window=2, batching="static")
     result = serve(engine, trace(), ROUTES, config, thresholds=Thresholds(0.5, 0.25, "test"))
     by_id = {r.id: r for r in result.requests}
     assert [b.batch for b in result.batches] == [1, 3, 1, 1]
@@ -375,7 +375,7 @@ def test_the_clock_charges_service_but_not_compiling(engine, monkeypatch):
             wall.now += 10.0
             return dataclasses.replace(engine.generate(prompts, **options), compile_s=9.0)
 
-    result = serve(Compiling(), trace(), ROUTES, ServeConfig(max_batch=3))
+    result = serve(Compiling(), trace(), ROUTES, ServeConfig(max_batch=3, batching="static"))
     assert [(b.start_s, b.service_s, b.compile_s) for b in result.batches] == [
         (0.0, 1.0, 9.0), (5.0, 1.0, 9.0), (6.0, 1.0, 9.0), (10.0, 1.0, 9.0)
     ]  # fmt: skip

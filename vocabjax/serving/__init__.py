@@ -8,11 +8,16 @@ batching.py    RunningBatch: continuous batching, requests joining and leaving a
 router.py      load_policy, choose_head / shift_head / offset_bounds, route_batch
 trace.py       Request, load_trace / write_trace (JSONL), demo_trace (builtin corpus)
 controller.py  Thresholds, derive_thresholds / training_bpb, QualityController (hysteresis)
-server.py      serve: the virtual clock, admission and recording, ServeResult (records, summary);
+admission.py   MemoryPlan, plan_memory (the KV plan for a memory budget), admit_count
+records.py     ServeConfig, the records of a served trace, ServeResult (summary, JSON)
+continuous.py  the continuous-batching loop on the virtual clock
+server.py      serve (continuous or static batching on the virtual clock), memory_plan;
                load_serve_inputs and generate: what the serve and generate commands do
 """
 
+from vocabjax.serving.admission import MemoryPlan, admit_count, default_memory, plan_memory
 from vocabjax.serving.batching import Finished, Joined, Joining, RunningBatch, solo_key
+from vocabjax.serving.continuous import request_seed
 from vocabjax.serving.controller import (
     DEFAULT_BAND,
     DEFAULT_WINDOW,
@@ -32,6 +37,17 @@ from vocabjax.serving.engine import (
     bucket_length,
     load_run,
 )
+from vocabjax.serving.records import (
+    BATCHING,
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_NEW_TOKENS,
+    ServeConfig,
+    ServedBatch,
+    ServedChunk,
+    ServedRequest,
+    ServeResult,
+    Switch,
+)
 from vocabjax.serving.router import (
     HeadChoice,
     RoutedBatch,
@@ -42,19 +58,13 @@ from vocabjax.serving.router import (
     shift_head,
 )
 from vocabjax.serving.server import (
-    DEFAULT_MAX_BATCH,
-    DEFAULT_MAX_NEW_TOKENS,
     Generated,
-    ServeConfig,
-    ServedBatch,
-    ServedRequest,
     ServeInputs,
-    ServeResult,
-    Switch,
     admit,
     check_prompts,
     generate,
     load_serve_inputs,
+    memory_plan,
     prompt_room,
     serve,
 )
@@ -69,6 +79,7 @@ from vocabjax.serving.trace import (
 )
 
 __all__ = [
+    "BATCHING",
     "DEFAULT_BAND",
     "DEFAULT_MAX_BATCH",
     "DEFAULT_MAX_NEW_TOKENS",
@@ -88,6 +99,7 @@ __all__ = [
     "Joined",
     "Joining",
     "LoadedRun",
+    "MemoryPlan",
     "Move",
     "PromptRoom",
     "QualityController",
@@ -99,13 +111,16 @@ __all__ = [
     "ServeInputs",
     "ServeResult",
     "ServedBatch",
+    "ServedChunk",
     "ServedRequest",
     "Switch",
     "Thresholds",
     "admit",
+    "admit_count",
     "bucket_length",
     "check_prompts",
     "choose_head",
+    "default_memory",
     "demo_trace",
     "derive_thresholds",
     "generate",
@@ -113,8 +128,11 @@ __all__ = [
     "load_run",
     "load_serve_inputs",
     "load_trace",
+    "memory_plan",
     "offset_bounds",
+    "plan_memory",
     "prompt_room",
+    "request_seed",
     "route_batch",
     "serve",
     "shift_head",

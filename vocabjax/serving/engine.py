@@ -430,7 +430,7 @@ class Engine:
         decode_s = time.perf_counter() - started
 
         completions = _completions(self.run.level(head), prompts, batch, fetched, nats_b)
-        choice = self._impl(head, sampling, batch.rows)
+        choice = self.impl_choice(head, sampling, batch.rows)
         return Generation(
             completions=completions,
             head=head,
@@ -445,7 +445,7 @@ class Engine:
             padded_batch=batch.rows,
         )
 
-    def _impl(self, head: int, sampling: Sampling, rows: int):
+    def impl_choice(self, head: int, sampling: Sampling, rows: int):
         """What ``impl="auto"`` picks for the token pick of (head, rows), and why."""
         op = "greedy" if sampling.greedy else ("sample" if sampling.top_k is None else "top_k")
         config = self.run.config

@@ -1,0 +1,176 @@
+"""`serve` with continuous batching on the virtual clock: a trace whose requests arrive while
+others run gives every request the tokens it gets served alone (greedy and sampled), and KV-aware
+admission never holds more than the memory budget allows, admitting more at a larger head whose
+shorter sequences need less cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from serving_testing import scramble
+
+from vocabjax.errors import UserError
+from vocabjax.serving import (
+    Engine,
+    LoadedRun,
+    Request,
+    Sampling,
+    ServeConfig,
+    admit_count,
+    load_run,
+    request_seed,
+    serve,
+)
+
+# Arrivals: two at once, three more an instant later (they join while the first two run; the
+# fifth waits for a row: max_batch 4), one long after (the clock jumps, the batch restarted).
+TRACE = (
+    Request("a", 0.0, "def main(argv):\n    return argv[0]", 9),
+    Request("b", 0.0, "import os", 4),
+    Request("c", 1e-9, "def f(x):\n    return x + 1", 6),
+    Request("d", 1e-9, "x = 1", 1),
+    Request("e", 1e-9, "for i in range(10):", 7),
+    Request("f", 100.0, "y", 5),
+)
+
+
+@pytest.fixture(scope="module")
+def scrambled(served_run_dir: Path) -> LoadedRun:
+    return scramble(load_run(served_run_dir))
+
+
+@pytest.fixture(scope="module")
+def engine(scrambled) -> Engine:
+    return Engine(scrambled)
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [Sampling(), pytest.param(Sampling(temperature=1.0, seed=3), marks=pytest.mark.slow)],
+    ids=["greedy", "sampled"],
+)
+def test_every_request_gets_the_tokens_it_gets_alone(engine, sampling):
+    config = ServeConfig(max_batch=4, sampling=sampling)
+    result = serve(engine, TRACE, [(None, 500)], config)
+    served = {r.id: r for r in result.requests}
+    assert sorted(served) == [r.id for r in TRACE]
+    for i, r in enumerate(TRACE):
+        alone = Sampling(sampling.temperature, sampling.top_k, request_seed(sampling.seed, i))
+        want = engine.generate([r.prompt], head=500, max_new_tokens=r.max_new_tokens,
+                               sampling=alone)  # fmt: skip
+        got = served[r.id]
+        assert got.text == want.completions[0].text, r.id
+        assert got.new_tokens == len(want.completions[0].tokens) == r.max_new_tokens
+    joins = result.batches
+    assert [b.batch for b in joins[:2]] == [2, 2]  # a, b; then c, d while a, b run
+    assert joins[1].running == 4 and joins[1].start_s > 0
+    assert served["e"].start_s > served["d"].finish_s  # e waited for a row (d stopped first)
+    assert served["e"].running <= 4 and served["f"].start_s == 100.0  # the clock jumped
+    assert (joins[0].rows, joins[1].rows) == (2, 4)  # the batch grew to take c and d
+    s = result.summary()
+    assert s["batching"] == "continuous" and s["running_max"] == 3  # d stopped as it joined
+    assert s["generated_tokens"] == sum(r.max_new_tokens for r in TRACE)
+    assert s["memory_waits"] == 0 and s["kv_peak_bytes"] <= result.memory.kv_budget
+
+
+# ---- KV-aware admission -------------------------------------------------------------------------
+
+
+def test_admission_is_first_come_first_served_within_rows_and_memory():
+    def admitted(held_bytes, running, max_batch, b_max):
+        need = [10, 10, 30, 10]  # each waiting request's cache, in arrival order
+        return admit_count(
+            need, held_bytes=held_bytes, running=running, max_batch=max_batch, b_max=b_max,
+            kv_budget=100,
+        )  # fmt: skip
+
+    assert admitted(0, 0, max_batch=8, b_max=8) == (4, None)
+    # the third does not fit beside 60 held, and the fourth, which would, may not overtake it
+    assert admitted(60, 2, max_batch=8, b_max=8) == (2, "memory")
+    assert admitted(0, 3, max_batch=4, b_max=9) == (1, "rows")  # max_batch binds
+    assert admitted(0, 1, max_batch=4, b_max=2) == (1, "memory")  # the KV plan's b_max binds
+
+
+PROMPT = "return self.value"  # 15 tokens at head 300, 9 at 500 (separator included)
+
+
+def burst(n: int, limit: int) -> list[Request]:
+    return [Request(f"r{i}", 0.0, PROMPT, limit) for i in range(n)]
+
+
+@pytest.mark.parametrize("head", [300, 500])
+def test_admission_never_holds_more_than_the_budget(engine, scrambled, head):
+    """A burst of eight equal requests under a budget that holds four sequences at head 500:
+    the larger head's shorter sequences fit more than the smaller head's."""
+    per_position = scrambled.config.shape.kv_elements_per_token * 4  # float32 cache
+    weights = sum(x.size * x.dtype.itemsize for x in scrambled.params.values())
+    tokens = {v: len(engine.encode([PROMPT], v)[0]) for v in (300, 500)}
+    assert tokens[300] > 1.5 * tokens[500]
+    limit = 3
+    budget = weights + 4 * (tokens[500] + limit - 1) * per_position + per_position
+    lines: list[str] = []
+    config = ServeConfig(max_batch=8, memory_bytes=budget)
+    result = serve(engine, burst(8, limit), [(None, head)], config, progress=lines.append)
+    plan = result.memory
+    assert plan.weight_bytes == weights and plan.kv_bytes_per_token == per_position
+    assert plan.kv_budget == budget - weights
+    assert plan.b_max == {300: 2, 500: 4}  # the plan: 45 positions hold 4 x 11 or 2 x 17
+    records = [*result.batches, *result.chunks]
+    assert all(x.kv_bytes <= plan.kv_budget for x in records)
+    assert all(x.running <= plan.b_max[head] for x in records)
+    most = max(x.running for x in records)
+    assert most == plan.b_max[head]
+    s = result.summary()
+    assert s["memory_waits"] == 8 - most and s["requests"] == 8
+    assert s["kv_peak_bytes"] == most * (tokens[head] + limit - 1) * per_position
+    assert any(f"{8 - most} request(s) wait for memory at head {head}" in x for x in lines)
+
+
+def test_a_budget_that_cannot_hold_a_request_is_one_error(engine, scrambled):
+    weights = sum(x.size * x.dtype.itemsize for x in scrambled.params.values())
+    with pytest.raises(UserError, match=r"memory 1,024 bytes does not hold the run's weights"):
+        serve(engine, burst(1, 3), [(None, 500)], ServeConfig(memory_bytes=1024))
+    with pytest.raises(UserError, match=r"request 'r0' needs .* of KV cache at head 500"):
+        serve(engine, burst(1, 3), [(None, 500)], ServeConfig(memory_bytes=weights + 256))
+
+
+# ---- the command line ---------------------------------------------------------------------------
+
+
+def test_the_command_serves_continuously_by_default_and_statically_on_request(
+    served_run_dir, tmp_path
+):
+    import json
+
+    from click.testing import CliRunner
+
+    import cli
+
+    (tmp_path / "policy.json").write_text(
+        json.dumps({"schema": 1, "kind": "policy", "batch_routes": [{"head": 500}]})
+    )
+    (tmp_path / "t.jsonl").write_text(json.dumps({"arrival_s": 0, "prompt": PROMPT}) + "\n")
+    args = ["serve", "--run", str(served_run_dir), "--policy", str(tmp_path / "policy.json"),
+            "--trace", str(tmp_path / "t.jsonl"), "--max-new-tokens", "2"]  # fmt: skip
+
+    def invoke(*more: str):
+        return CliRunner().invoke(cli.main, [*args, *more], catch_exceptions=False)
+
+    result = invoke("--memory", "1m", "--format", "json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["config"]["batching"] == "continuous" and data["summary"]["running_max"] == 1
+    assert data["memory"]["memory_bytes"] == 1024**2 and data["chunks"]
+    assert "memory 1.0 MiB (given): weights " in result.stderr
+    static = invoke("--batching", "static", "--format", "json")
+    assert static.exit_code == 0, static.output
+    data = json.loads(static.stdout)
+    assert data["summary"]["batching"] == "static" and data["memory"] is None
+    error = invoke("--memory", "1k")
+    assert error.exit_code == 1
+    assert (
+        error.stderr.strip()
+        .splitlines()[-1]
+        .startswith("Error: --memory 1,024 bytes does not hold the run's weights (")
+    )

@@ -1,0 +1,304 @@
+"""Serving a trace with continuous batching on the virtual clock: requests join a head's running
+batch between decode steps and leave when they stop, within the KV plan's memory.
+
+Each round, at the clock's ``now``:
+
+1. the requests that have arrived by ``now`` wait, in arrival order; with none waiting and none
+   running, the clock jumps to the next arrival;
+2. admission: the router takes the policy's route for B = the requests running at every head
+   plus those waiting (at most ``max_batch``), shifted by the controller's offset; the waiting
+   requests join that head's running batch first come first served while it runs fewer than
+   ``min(max_batch, b_max(head))`` and every head's KV reservations fit the budget
+   (``admission.admit_count``). They are prefilled together (the running rows are not
+   recomputed), and each prompt's bits per byte goes to the quality controller as it joins. A
+   request that waits for memory is logged once and counted;
+3. decoding: every head with running requests runs ``RunningBatch.advance(k)`` (its on-device
+   loop), which ends early when a request stops. k runs to the step at which a request stops
+   when requests are waiting (a stop frees a row and its memory), else to about the next
+   arrival (the time left over the last measured seconds per step, at least 1).
+
+Every device call advances the clock by its measured wall time, compiling a new shape and its
+warm-up call left out (reported as ``compile_s``), as in static batching. A request's start is
+when it joined, its finish the end of the call in which it stopped. A sampled request i (in
+order of arrival) draws with ``solo_key(request_seed(seed, i))``: it gets the tokens
+``Engine.generate`` gives it alone with that seed, whatever it shares a batch with.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from vocabjax.errors import UserError
+from vocabjax.progress import Progress
+from vocabjax.serving.admission import MemoryPlan, admit_count, human_bytes
+from vocabjax.serving.batching import Call, Finished, Joining, RunningBatch, solo_key
+from vocabjax.serving.engine import Engine
+from vocabjax.serving.records import ServeConfig, ServedBatch, ServedChunk, ServedRequest, _Record
+from vocabjax.serving.router import Routes, route_batch
+from vocabjax.serving.trace import Request
+
+
+def request_seed(seed: int, index: int) -> int:
+    """The sampling seed of request ``index`` (in order of arrival) of a run seeded ``seed``."""
+    return int(np.random.SeedSequence([seed, index]).generate_state(1)[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Held:
+    """A request running at a head, as it joined."""
+
+    head: int
+    kv_bytes: int  # the cache it reserves
+    start_s: float
+    batch: int  # the admission it joined with
+    offset: int
+    prompt_tokens: int
+    prompt_bpb: float
+    window_bpb: float | None
+    running: int  # requests running at its head once it joined
+
+
+class Continuous:
+    """The continuous loop's state: the queue, the running batches, what they hold."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        queue: Sequence[Request],
+        routes: Routes,
+        config: ServeConfig,
+        record: _Record,
+        plan: MemoryPlan,
+        log: Progress,
+    ) -> None:
+        self.engine, self.queue, self.routes, self.config = engine, queue, routes, config
+        self.record, self.plan, self.log = record, plan, log
+        self.heads = record.heads
+        self.run = engine.run
+        self.now = 0.0
+        self.upcoming = 0  # the first request that has not arrived by now
+        self.waiting: collections.deque[int] = collections.deque()
+        self.batches: dict[int, RunningBatch] = {}
+        self.held: dict[int, _Held] = {}
+        self.memory_waits: set[int] = set()
+        self.per_step: dict[tuple[int, int], float] = {}  # (head, rows) -> last s per step
+        self._ids: dict[tuple[int, int], np.ndarray] = {}
+
+    # ---- the loop -----------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        n = len(self.queue)
+        while self.upcoming < n or self.waiting or self.held:
+            while self.upcoming < n and self.queue[self.upcoming].arrival_s <= self.now:
+                self.waiting.append(self.upcoming)
+                self.upcoming += 1
+            if not self.waiting and not self.held:
+                self.now = self.queue[self.upcoming].arrival_s
+                continue
+            if self.waiting:
+                self.admit()
+            if self.held:
+                self.decode()
+
+    def admit(self) -> None:
+        """The waiting requests that fit join the routed head's running batch."""
+        config, plan = self.config, self.plan
+        load = min(len(self.held) + len(self.waiting), config.max_batch)
+        route = route_batch(self.heads, self.routes, batch=load, offset=self.record.offset)
+        head = route.head
+        batch = self._batch(head)
+        need = [plan.sequence_bytes(len(self.ids(i, head)), self.limit(i)) for i in self.waiting]
+        n, wait = admit_count(
+            need,
+            held_bytes=self.kv_bytes,
+            running=batch.live,
+            max_batch=config.max_batch,
+            b_max=plan.b_max[head],
+            kv_budget=plan.kv_budget,
+        )
+        if wait == "memory":
+            self._wait_for_memory(list(self.waiting)[n:], head, need[n], alone=n == 0)
+        if n == 0:
+            return
+        admitted = [self.waiting.popleft() for _ in range(n)]
+        k = len(self.record.batches)
+        self.record.route(self.now, route, k)
+        start = self.now
+        joining = [Joining(i, self.ids(i, head), self.limit(i), self.key(i)) for i in admitted]
+        joined, finished, calls = batch.join(joining)
+        self._charge(calls)
+        join = next(c for c in calls if c.kind == "join")
+        running = join.running + n  # at the head once they joined (a request may stop at once)
+        bpbs = []
+        for j, kv in zip(joined, need[:n], strict=True):
+            r = self.queue[j.tag]
+            nats = j.prompt_nats
+            assert nats is not None  # score=True
+            bpb = nats / (math.log(2) * len(r.prompt.encode("utf-8")))
+            window = self.record.observe(bpb, len(r.prompt.encode("utf-8")), route, k, self.now)
+            self.held[j.tag] = _Held(
+                head, kv, start, k, route.offset, j.prompt_tokens, bpb, window, running
+            )
+            bpbs.append(bpb)
+        choice = self.engine.impl_choice(head, config.sampling, join.rows)
+        self.record.batches.append(
+            ServedBatch(
+                index=k,
+                start_s=start,
+                service_s=sum(c.seconds for c in calls),
+                compile_s=sum(c.compile_s for c in calls),
+                batch=n,
+                rows=join.rows,
+                bucket=join.bucket,
+                routed_head=route.routed.vocab,
+                offset=route.offset,
+                head=head,
+                impl=choice.impl,
+                impl_reason=choice.reason,
+                new_tokens=0,  # known once its requests stop (``result``)
+                mean_bpb=sum(bpbs) / n,
+                running=running,
+                kv_bytes=self.kv_bytes,
+            )
+        )
+        self._finish(finished)
+        if (k + 1) % config.progress_every == 0:
+            self.log(self.record.progress_line(len(self.queue), self.now))
+
+    def decode(self) -> None:
+        """Every head with running requests runs its on-device loop for k steps at most."""
+        k = self._steps()
+        for batch in [b for b in self.batches.values() if b.live]:
+            held, kv = len(self.held), self.kv_bytes
+            finished, calls = batch.advance(k)
+            for c in calls:
+                self.record.chunks.append(
+                    ServedChunk(
+                        index=len(self.record.chunks),
+                        kind="regroup" if c.kind == "regroup" else "steps",
+                        start_s=self.now,
+                        service_s=c.seconds,
+                        compile_s=c.compile_s,
+                        head=c.head,
+                        rows=c.rows,
+                        running=c.running,
+                        steps=c.steps,
+                        new_tokens=c.tokens,
+                        held=held,
+                        kv_bytes=kv,
+                    )
+                )
+                if c.steps:
+                    self.per_step[(c.head, c.rows)] = c.seconds / c.steps
+                self._charge([c])
+            self._finish(finished)
+
+    def _steps(self) -> int:
+        """Decode steps before the host looks again: to the next stop while requests wait,
+        else to about the next arrival."""
+        longest = self.run.max_seq
+        if self.waiting or self.upcoming >= len(self.queue):
+            return longest
+        live = [b for b in self.batches.values() if b.live]
+        per_step = sum(self.per_step.get((b.head, b.rows), 0.0) for b in live)
+        if per_step <= 0:
+            return 1
+        gap = self.queue[self.upcoming].arrival_s - self.now
+        return int(min(max(gap / per_step, 1), longest))
+
+    # ---- bookkeeping --------------------------------------------------------------------------
+
+    @property
+    def kv_bytes(self) -> int:
+        """The KV cache every running request reserves."""
+        return sum(h.kv_bytes for h in self.held.values())
+
+    def ids(self, i: int, head: int) -> np.ndarray:
+        if (i, head) not in self._ids:
+            self._ids[(i, head)] = self.engine.encode([self.queue[i].prompt], head)[0]
+        return self._ids[(i, head)]
+
+    def limit(self, i: int) -> int:
+        return self.queue[i].max_new_tokens or self.config.max_new_tokens
+
+    def key(self, i: int):
+        return solo_key(request_seed(self.config.sampling.seed, i))
+
+    def _batch(self, head: int) -> RunningBatch:
+        if head not in self.batches:
+            self.batches[head] = RunningBatch(
+                self.engine, head, self.config.sampling, max_rows=self.config.max_batch, score=True
+            )
+        return self.batches[head]
+
+    def _charge(self, calls: Sequence[Call]) -> None:
+        """The clock advances by each call's service time; a new shape's compiling is logged."""
+        for c in calls:
+            self.now += c.seconds
+            if c.compile_s:
+                prompts = f", prompts of {c.bucket} tokens" if c.kind == "join" else ""
+                self.log(
+                    f"  compiled head {c.head}: {c.kind} at {c.rows} rows{prompts}, in "
+                    f"{c.compile_s:.2f} s (not charged to the clock)"
+                )
+
+    def _wait_for_memory(self, blocked: list[int], head: int, need: int, *, alone: bool) -> None:
+        """Count the ``blocked`` requests as waiting for memory (the first needs ``need``) and
+        say so when some are new; ``alone`` (nothing runs, none joined before it), the first
+        never fits."""
+        plan, first = self.plan, self.queue[blocked[0]]
+        if alone and not self.held:
+            raise UserError(
+                f"request {first.id!r} needs {human_bytes(need)} of KV cache at head {head}, "
+                f"more than the {human_bytes(plan.kv_budget)} that {{memory}} leaves beside the "
+                f"weights (b_max {plan.b_max[head]}): give a larger budget",
+                settings=["memory"],
+            )
+        new = set(blocked) - self.memory_waits
+        if not new:
+            return
+        self.memory_waits |= new
+        self.log(
+            f"  {len(blocked)} request(s) wait for memory at head {head} (first {first.id}, "
+            f"needing {human_bytes(need)}): {len(self.held)} running hold "
+            f"{human_bytes(self.kv_bytes)} of the {human_bytes(plan.kv_budget)} KV budget, "
+            f"{self.batches[head].live} at head {head} (b_max {plan.b_max[head]})"
+        )
+
+    def _finish(self, finished: Sequence[Finished]) -> None:
+        for f in finished:
+            h = self.held.pop(f.tag)
+            r = self.queue[f.tag]
+            level = self.run.level(h.head)
+            self.record.served.append(
+                ServedRequest(
+                    id=r.id,
+                    phase=r.phase,
+                    arrival_s=r.arrival_s,
+                    start_s=h.start_s,
+                    finish_s=self.now,
+                    batch=h.batch,
+                    head=h.head,
+                    offset=h.offset,
+                    prompt_tokens=h.prompt_tokens,
+                    new_tokens=len(f.tokens),
+                    prompt_bytes=len(r.prompt.encode("utf-8")),
+                    prompt_bpb=h.prompt_bpb,
+                    window_bpb=h.window_bpb,
+                    stop=f.stop,
+                    text=level.tokenizer.decode(list(f.tokens), skip_special_tokens=False),
+                    running=h.running,
+                )
+            )
+
+    def new_tokens(self) -> list[ServedBatch]:
+        """The admissions' records with their requests' generated tokens."""
+        tokens = collections.Counter()
+        for r in self.record.served:
+            tokens[r.batch] += r.new_tokens
+        return [dataclasses.replace(b, new_tokens=tokens[b.index]) for b in self.record.batches]
