@@ -1416,13 +1416,20 @@ def autotune(vocab, batch, d_model, dtype, ops, quick, out, fmt):
 @main.command(context_settings=CONTEXT)
 @click.option(
     "--device",
-    default="measure",
-    show_default=True,
+    default=None,
     help="Profile the predictions come from: 'measure' (this machine's ceilings, measured "
     "first in a few seconds), a builtin name, or an autotune .json "
-    "(python cli.py autotune --quick --dtype f32).",
+    "(python cli.py autotune --quick --dtype f32) [default: measure; with --from, the "
+    "profile the saved run priced with].",
 )
 @click.option("--quick", is_flag=True, help="A small grid: a few minutes on two CPU cores.")
+@click.option(
+    "--from",
+    "saved",
+    type=click.Path(dir_okay=False),
+    help="Time nothing: read a run that --out saved and price its measured points again with "
+    "today's cost model (and --fit them).",
+)
 @click.option(
     "--grid",
     "grid_name",
@@ -1454,7 +1461,7 @@ def autotune(vocab, batch, d_model, dtype, ops, quick, out, fmt):
     "--plot", type=OutputFile(figure=True), help="Write predicted against measured (.png)."
 )
 @format_option
-def validate(device, quick, grid_name, fit, fit_on, save_profile, out, plot, fmt):
+def validate(device, quick, grid_name, saved, fit, fit_on, save_profile, out, plot, fmt):
     """Time this project's GPT, serving engine and training step on this machine beside the
     cost model's prediction for each point: decode and prefill steps, training steps, and the
     backbone, attention and unembedding ops alone, over shapes, V, B and context lengths.
@@ -1466,6 +1473,7 @@ def validate(device, quick, grid_name, fit, fit_on, save_profile, out, plot, fmt
         python cli.py validate --device profiles/cpu.json --quick --out validation.json \\
             --plot validation.png
         python cli.py validate --quick --fit --save-profile profiles/cpu-calibrated.json
+        python cli.py validate --from validation.json --fit      # refit a saved run
     """
     from vocabjax import validation
     from vocabjax.hardware import save_device
@@ -1473,11 +1481,19 @@ def validate(device, quick, grid_name, fit, fit_on, save_profile, out, plot, fmt
 
     if quick and grid_name not in (None, "quick"):
         raise click.UsageError(f"--quick and --grid {grid_name} clash: give one")
+    if saved and (quick or grid_name):
+        raise click.UsageError(
+            "--from prices a saved run's points: --quick and --grid time new ones"
+        )
     if save_profile and not fit:
         raise click.UsageError("--save-profile needs --fit")
     families = fit_families(fit_on)
-    name = grid_name or ("quick" if quick else "full")
-    result = validation.validate(device, name, progress=log)
+    if saved:
+        result = validation.read_validation(saved, device)
+        log(f"validate: {len(result.results)} points of {saved} ({result.date}) priced again")
+    else:
+        name = grid_name or ("quick" if quick else "full")
+        result = validation.validate(device or validation.MEASURE, name, progress=log)
     calibrated = None
     if fit:
         n = sum(r.point.family in families for r in result.results)

@@ -11,7 +11,7 @@ import pytest
 from vocabjax.calibration import MIN_FIT_SAMPLES, Sample, fit_profile, is_held_out, predict_samples
 from vocabjax.costmodel import CostModel, Settings
 from vocabjax.errors import UserError
-from vocabjax.hardware import DeviceProfile, EfficiencyTable, load_device
+from vocabjax.hardware import OP_KINDS, TABLE_FIELDS, DeviceProfile, EfficiencyTable, load_device
 from vocabjax.shapes import load_shape
 from vocabjax.xp import PyMath
 
@@ -22,23 +22,29 @@ TRUTH = dataclasses.replace(
     dispatch_overhead_s=2e-4,
     attention_efficiency=0.3,
     train_efficiency=0.5,
-    compute_table=EfficiencyTable((1e8, 1e10, 1e12, 1e14), (0.05, 0.3, 0.7, 0.8)),
+    elementwise_efficiency=0.6,
+    optimizer_efficiency=1.5,
+    overlap=0.4,
+    intensity_table=EfficiencyTable((0.1, 2.0, 50.0, 1000.0), (0.05, 0.3, 0.7, 0.8)),
     memory_table=EfficiencyTable((1e5, 1e7, 1e9, 1e11), (0.1, 0.45, 0.8, 0.85)),
 )
 
 
 def synthetic(n: int = 160, seed: int = 0) -> list[Sample]:
-    """Points with 1-3 ops of sizes spread over the tables' range, charged no host call (a
-    kernel timing), one (an op called alone) or an eighth (a step of a decode loop); times from
-    TRUTH."""
+    """Points with 1-3 ops of sizes and arithmetic intensities spread over the tables' range,
+    charged no host call (a kernel timing), one (an op called alone) or an eighth (a step of a
+    decode loop); times from TRUTH."""
     rng = np.random.default_rng(seed)
     out = []
     for i in range(n):
         k = int(rng.integers(1, 4))
-        flops = tuple(float(10 ** rng.uniform(8, 14)) for _ in range(k))
         nbytes = tuple(float(10 ** rng.uniform(5, 11)) for _ in range(k))
+        flops = tuple(float(y * 10 ** rng.uniform(-1, 3)) for y in nbytes)
         calls = (0.0, 1.0, 0.125)[i % 3]
-        kinds = tuple(str(rng.choice(["matmul", "matmul", "attention", "train"])) for _ in flops)
+        kinds = tuple(
+            str(rng.choice(["matmul", "matmul", "attention", "train", "elementwise", "optimizer"]))
+            for _ in flops
+        )
         s = Sample(
             f"p{i}", "decode", flops, nbytes, float(rng.integers(1, 40)), 1.0, calls=calls,
             kinds=kinds,
@@ -70,6 +76,9 @@ def test_the_fit_recovers_synthetic_timings(fitted):
     assert fit.profile.dispatch_overhead_s == pytest.approx(2e-4, rel=0.3)
     assert fit.profile.attention_efficiency == pytest.approx(0.3, rel=0.2)
     assert fit.profile.train_efficiency == pytest.approx(0.5, rel=0.2)
+    assert fit.profile.elementwise_efficiency == pytest.approx(0.6, rel=0.2)
+    assert fit.profile.optimizer_efficiency == pytest.approx(1.5, rel=0.2)
+    assert fit.profile.overlap == pytest.approx(0.4, abs=0.1)
     cal = fit.profile.calibration
     assert cal["base_dispatch_overhead_s"] == 0.0
     assert cal["fit_points"] == len(fit.fit_keys) and cal["held_out_points"] == len(held)
@@ -167,7 +176,7 @@ def test_the_builtin_calibrated_gpu_profiles():
         assert cal.calibrated and not sheet.calibrated
         assert cal.name == name and sheet.name == f"{name}-datasheet"
         assert (sheet.compute_efficiency, sheet.memory_efficiency) == (1.0, 1.0)
-        assert sheet.compute_table is None and sheet.memory_table is None
+        assert all(getattr(sheet, f) is None for f in TABLE_FIELDS)
         assert cal.peak_flops == sheet.peak_flops and cal.hbm_bandwidth == sheet.hbm_bandwidth
         assert "vidur" in cal.calibration["source"] and "vidur" in cal.source
         err = cal.calibration["held_out_median_abs_error_pct"]
@@ -191,9 +200,15 @@ def test_the_committed_gpu_tables_are_what_the_fit_gives(monkeypatch):
         samples, source = script.read(path.parent / "data" / file)
         fit = fit_profile(load_device(f"{name}-datasheet"), samples, dtype="bf16", source=source)
         committed = GPU_CALIBRATIONS[name]
-        for key, table in (("compute_by_flops", fit.profile.compute_table),
-                           ("memory_by_bytes", fit.profile.memory_table)):  # fmt: skip
-            np.testing.assert_allclose(table.to_json(), committed[key], rtol=1e-3)
+        efficiency = committed["efficiency"]
+        for field, key in TABLE_FIELDS.items():
+            table = getattr(fit.profile, field)
+            assert (table is None) == (key not in efficiency), key
+            if table is not None:
+                np.testing.assert_allclose(table.to_json(), efficiency[key], rtol=1e-3)
+        for kind in OP_KINDS:
+            assert fit.profile.kind_efficiency(kind) == pytest.approx(efficiency[kind], rel=1e-3)
+        assert fit.profile.overlap == pytest.approx(efficiency["overlap"], rel=1e-3)
         assert fit.profile.launch_overhead_s == pytest.approx(
             committed["launch_overhead_s"], rel=1e-3
         )

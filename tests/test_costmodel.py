@@ -46,11 +46,13 @@ def test_hand_checked_decode_cost():
     act = B * L * (4 * 64 + 2 * (4 + 2) * 16 + 2 * 256) * 2
     t_embed = B * D * w / BW
     t_backbone = max(2 * B * n_nv / P, (w * n_nv + act) / BW)
+    # norms, the activation and residual adds: 10 D + 2 F elements per token per layer
+    t_elementwise = max(4 * B * L * D / P, B * L * (10 * 64 + 2 * 256) * 2 / BW)
     t_unembed = max(2 * B * V * D / P, (w * V * D + B * V * 4) / BW)
     t_sample = max(4 * B * V / P, B * V * 4 / BW)
     t_attn = max(4 * B * T * 4 * 16 * L / P, B * T * 2 * 2 * 16 * k * L / BW)
     launches = (2 * 5 + 3) * 1e-6
-    step = t_embed + t_backbone + t_unembed + t_sample + t_attn + launches
+    step = t_embed + t_backbone + t_elementwise + t_unembed + t_sample + t_attn + launches
     expected = step / (B * beta)
     assert cm.c_infer(V, B, xp=PyMath) == pytest.approx(expected, rel=1e-12)
     assert float(cm.c_infer(jnp.float32(V), jnp.float32(B))) == pytest.approx(expected, rel=1e-5)

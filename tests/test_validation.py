@@ -5,7 +5,7 @@ JSON's structure, finite positive figures, the summary against a recomputation, 
 file, progress on stderr. The predictions against a hand computation of the roofline from
 DESIGN.md's equations, so a wrong mapping of a point's shape to the cost model fails. Bad
 inputs as one ``Error:`` line with no file written. Other runs replace the timing with fixed
-figures (``measure_group`` patched), so rendering, warnings and the plot cost no timing.
+figures (``measure`` patched), so rendering, warnings and the plot cost no timing.
 """
 
 from __future__ import annotations
@@ -75,10 +75,10 @@ def real_run(tmp_path_factory, profile_path):
 def fake_times(monkeypatch, measured_s: float = 1e-3):
     """Skip the timing: every point takes ``measured_s`` and compiles in 0.5 s."""
 
-    def fake(shape, points, grid, **kw):
+    def fake(points, grid, **kw):
         return [(measured_s * (1 + i % 3), 0.5) for i in range(len(points))]
 
-    monkeypatch.setattr(validation_run, "measure_group", fake)
+    monkeypatch.setattr(validation_run, "measure", fake)
 
 
 # ---- one real run ------------------------------------------------------------------------------
@@ -140,7 +140,7 @@ def test_out_is_the_printed_json_written_whole(real_run):
 
 def test_progress_goes_to_stderr(real_run):
     result, _, out, _ = real_run
-    assert "validate [1/1] tiny: compiled 1/" in result.stderr
+    assert "validate: compiled 1/" in result.stderr
     assert "timing " in result.stderr and "round-robin" in result.stderr
     assert f"wrote {out}" in result.stderr
 
@@ -171,44 +171,59 @@ def test_formats_render_the_points_and_the_summary(real_run, monkeypatch, fmt):
 
 def _hand(shape: ModelShape, family: str, vocab: int, batch: int, context: int) -> float:
     """The roofline of DESIGN.md written out: f32 weights, KV and activations (4 bytes),
-    t = sum over ops of max(flops / peak, bytes / bandwidth) plus launches."""
+    t = sum over ops of max(flops / peak, bytes / bandwidth) plus launches. Attention as the
+    model computes it: every query against every cache position, the f32 scores written once,
+    read twice by the softmax, its probabilities written and read (5 passes)."""
     d, n_layers, f = shape.d_model, shape.n_layers, shape.d_ff
     h, k, dh = shape.n_heads, shape.n_kv_heads, shape.dh
     n_nv = n_layers * (2 * d * h * dh + 2 * d * k * dh + (3 if shape.glu else 2) * d * f)
     act = 4 * d + 2 * (h + k) * dh + (3 if shape.glu else 2) * f  # per token per layer
+    elementwise = 10 * d + (3 if shape.glu else 2) * f  # norms, activation, residual adds
     w = kv = a = 4
     b, v, t = batch, vocab, context
 
     def roof(flops, nbytes):
         return max(flops / PEAK, nbytes / BANDWIDTH)
 
+    def layers(tokens):
+        return roof(2 * tokens * n_nv, w * n_nv + tokens * n_layers * act * a) + roof(
+            4 * tokens * n_layers * d, tokens * n_layers * elementwise * a
+        )
+
+    def attention(queries):
+        pairs = b * queries * t
+        kv_read = b * t * 2 * k * dh * kv * n_layers
+        return roof(4 * pairs * h * dh * n_layers, kv_read + 5 * pairs * h * 4 * n_layers)
+
     layer_launches = n_layers * 8
     if family == "decode":
         ops = [
             roof(0, b * d * w),  # embedding gather
-            roof(2 * b * n_nv, w * n_nv + b * n_layers * act * a),
-            roof(4 * b * t * h * dh * n_layers, b * t * 2 * k * dh * kv * n_layers),
+            layers(b),
+            attention(1),
             roof(2 * b * v * d, w * v * d + 4 * b * v),  # unembedding, logits written
             roof(4 * b * v, 4 * b * v),  # sampling reads the logits
         ]
         return sum(ops) + (layer_launches + 3) * LAUNCH
     if family == "prefill":
-        tokens = b * t
         ops = [
-            roof(0, tokens * d * w),
-            roof(2 * tokens * n_nv, w * n_nv + tokens * n_layers * act * a),
-            roof(2 * b * t * t * h * dh * n_layers, tokens * 2 * k * dh * kv * n_layers),
+            roof(0, b * t * d * w),
+            layers(b * t),
+            attention(t),
             roof(2 * b * v * d, w * v * d + 4 * b * v),
         ]
         return sum(ops) + (layer_launches + 2) * LAUNCH
     if family == "train":
-        optimizer = 32 * (n_nv + 2 * v * d) / BANDWIDTH  # AdamW, f32: 8 passes of 4 bytes
-        return b * t * (6 * (n_nv + v * d) + 6 * n_layers * t * h * dh) / PEAK + optimizer
+        # forward and backward: three passes over the weights (the head's included) and the
+        # matmuls' activations; AdamW, f32: 8 passes of 4 bytes over every parameter
+        tokens = b * t
+        passes = 3 * (w * (n_nv + v * d) + tokens * (n_layers * act + 2 * d) * a)
+        train = roof(tokens * (6 * (n_nv + v * d) + 6 * n_layers * t * h * dh), passes)
+        return train + 32 * (n_nv + 2 * v * d) / BANDWIDTH
     if family == "backbone":
-        return roof(2 * b * n_nv, w * n_nv + b * n_layers * act * a) + layer_launches * LAUNCH
+        return layers(b) + layer_launches * LAUNCH
     if family == "attention":
-        work = roof(4 * b * t * h * dh * n_layers, b * t * 2 * k * dh * kv * n_layers)
-        return work + n_layers * LAUNCH
+        return attention(1) + n_layers * LAUNCH
     if family == "unembedding":
         return roof(2 * b * v * d, w * v * d + 4 * b * v) + LAUNCH
     raise AssertionError(family)
@@ -407,12 +422,13 @@ def test_bad_input_is_one_error_line_and_no_file(tmp_path, monkeypatch, args, co
 def test_a_grid_that_does_not_fit_in_memory_is_refused_before_any_work(tmp_path, monkeypatch):
     monkeypatch.setattr(validation_run.at, "_memory_bytes", lambda device: 1e6)
     timed = []
-    monkeypatch.setattr(validation_run, "measure_group", lambda *a, **k: timed.append(a))
+    monkeypatch.setattr(validation_run, "measure", lambda *a, **k: timed.append(a))
     out = tmp_path / "v.json"
     result = invoke("--grid", "test", "--device", "a10g", "--out", str(out))
     assert result.exit_code == 1
     line = result.stderr.strip().splitlines()[-1]
-    assert line.startswith("Error: grid 'test': the tiny points hold about ")
+    assert line.startswith("Error: grid 'test': its points hold about ")
+    assert "(the tiny points " in line
     assert line.endswith("above 70% of this machine's 0.0 GB; use --quick or a grid with fewer, "
                          "smaller points")  # fmt: skip
     assert not timed and not out.exists()
@@ -451,16 +467,17 @@ def test_fit_recovers_a_machine_and_prices_as_the_fit_does(monkeypatch, tmp_path
         dispatch_overhead_s=3e-4,
         attention_efficiency=0.2,
         train_efficiency=0.4,
-        compute_table=EfficiencyTable((1e5, 1e7, 1e9, 1e11), (0.05, 0.2, 0.5, 0.7)),
+        elementwise_efficiency=0.5,
+        intensity_table=EfficiencyTable((0.5, 5.0, 50.0, 500.0), (0.05, 0.2, 0.5, 0.7)),
         memory_table=EfficiencyTable((1e4, 1e6, 1e8, 1e10), (3.0, 1.5, 0.8, 0.6)),
     )
 
-    def machine(shape, points, grid, **kw):
+    def machine(points, grid, **kw):
         return [
             (predict(p, truth, decode_steps=grid.decode_steps).predicted_s, 0.1) for p in points
         ]
 
-    monkeypatch.setattr(validation_run, "measure_group", machine)
+    monkeypatch.setattr(validation_run, "measure", machine)
     v = validation.validate(CPU_PROFILE, "quick")
     cal = calibrate(v, FAMILIES)
     held = cal.held_out(cal.after)
@@ -519,3 +536,68 @@ def test_fit_on_an_unknown_family_is_one_error_before_any_work():
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert "Error: --fit-on 'nope' is not one of steps, ops, all, decode" in result.output
     assert "validate [" not in result.output  # nothing was timed
+
+
+# ---- a saved run read back (--from) -------------------------------------------------------------
+
+
+def test_a_saved_run_prices_again_as_it_was_priced(real_run, tmp_path):
+    """``--from`` reads the saved run's measurements and prices them on the profile the run
+    used: the same points and figures; on another profile, the same measurements priced anew."""
+    _, doc, out, v = real_run
+    back = validation.read_validation(out)
+    assert [r.point for r in back.results] == [r.point for r in v.results]
+    assert [r.measured_s for r in back.results] == [r.measured_s for r in v.results]
+    assert back.device == v.device and back.grid == v.grid
+    again = invoke("--from", str(out), "--format", "json")
+    assert again.exit_code == 0, again.output
+    redo = json.loads(again.stdout)
+    for a, b in zip(doc["points"], redo["points"], strict=True):
+        assert a["predicted_s"] == b["predicted_s"] and a["measured_s"] == b["measured_s"]
+    slim = tmp_path / "slim.json"
+    slim.write_text(json.dumps(validation.measured_fields(doc)))
+    assert slim.stat().st_size < out.stat().st_size / 2
+    other = validation.read_validation(slim, "a100-80gb-datasheet")
+    assert other.device.name == "a100-80gb-datasheet" and other.mismatch
+    assert [r.measured_s for r in other.results] == [r.measured_s for r in v.results]
+    assert [r.prediction.predicted_s for r in other.results] != [
+        r.prediction.predicted_s for r in v.results
+    ]
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d.update(kind="device"), "expected a 'validation' profile"),
+        (lambda d: d["points"][0].pop("measured_s"), "points[0]: missing field(s) measured_s"),
+        (lambda d: d["points"][0].update(measured_s=-1.0), "points[0].measured_s"),
+        (lambda d: d["points"][0].update(shape="gpt9"), "points[0].shape"),
+        (lambda d: d["points"].append(dict(d["points"][0])), "a point is listed twice"),
+    ],
+    ids=["kind", "missing", "negative", "shape", "twice"],
+)
+def test_a_bad_saved_run_is_one_error_line(real_run, tmp_path, edit, message):
+    _, doc, _, _ = real_run
+    data = json.loads(json.dumps(doc))
+    edit(data)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    result = invoke("--from", str(path))
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    errors = [x for x in result.output.splitlines() if x.startswith("Error:")]
+    assert len(errors) == 1 and message in errors[0], result.output
+    clash = invoke("--from", str(path), "--quick")
+    assert clash.exit_code == 2 and "--from prices a saved run's points" in clash.output
+
+
+def test_a_busy_machine_is_a_warning_and_its_load_is_recorded(monkeypatch, profile_path):
+    fake_times(monkeypatch)
+    monkeypatch.setattr(validation_run.os, "getloadavg", lambda: (7.5, 7.0, 6.0))
+    monkeypatch.setattr(validation_run.os, "cpu_count", lambda: 2)
+    result = invoke("--grid", "test", "--device", str(profile_path), "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert "warning: load average 7.5 on 2 cores: other work shares this machine" in result.stderr
+    assert json.loads(result.stdout)["load_average"] == 7.5
+    monkeypatch.setattr(validation_run.os, "getloadavg", lambda: (0.2, 0.2, 0.2))
+    quiet = invoke("--grid", "test", "--device", str(profile_path), "--format", "json")
+    assert "load average" not in quiet.stderr and json.loads(quiet.stdout)["load_average"] == 0.2

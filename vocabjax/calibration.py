@@ -2,28 +2,34 @@
 
 The roofline prices an op at ``max(F / (P e_c), Y / (BW e_m))`` and a step at the sum of its ops
 plus ``n`` launches of ``l`` seconds (costmodel.py). A datasheet profile has e_c = e_m = 1; real
-kernels reach less on small ops (launch-bound, too few blocks to fill the device) and, on a CPU,
-more than a large copy's bandwidth where the data stays in cache. The fit replaces the two
-scalars with tables over the op's size:
+kernels reach less: a matrix-vector product (a decode step's matmuls at batch 1) uses a sliver of
+the device's arithmetic, small kernels leave it idle, and on a CPU an op whose data stays in
+cache streams faster than a large copy. The fit replaces the two scalars with tables:
 
-    e_c(F) = interp(log F; knots, exp(u_c)),   e_m(Y) = interp(log Y; knots, exp(u_m))
+    e_c(I) = interp(log I; knots, exp(u_i)),   e_m(Y) = interp(log Y; knots, exp(u_m))
 
-with ``KNOTS`` knots each, log-spaced over the sizes the samples hold. Beside the tables it
-fits:
+over one kernel's arithmetic intensity I (FLOP per byte moved: what separates a 16-row decode
+GEMM from a 1024-row prefill GEMM of the same FLOPs) and the bytes Y it moves, with ``KNOTS``
+knots each, log-spaced over what the samples hold (``FIT_TABLES``). Beside the tables it fits:
 
+- ``o``, the overlap of each op's compute and memory time (``DeviceProfile.overlap``): the op
+  takes the longer plus ``1 - o`` of the shorter (``costmodel.op_seconds``; 1 is the
+  roofline's max, 0 one after the other, as XLA's CPU matmuls run);
 - ``l``, the launch overhead per kernel;
 - ``c``, the host cost of one call (``dispatch_overhead_s``): a point charged ``k`` calls pays
   ``k c``, a decode step of a loop of ``n`` steps per call ``c / n``;
-- ``s_a`` and ``s_t``, scales of both rates for attention ops (a batched matrix-vector product
-  with a mask and a softmax, which the GEMM tables do not describe) and for a training step
-  priced by its FLOPs (backward and optimizer included).
+- one scale of both rates per op kind (``hardware.OP_KINDS``): attention (a batched
+  matrix-vector product with a mask and a softmax, which the GEMM tables do not describe), the
+  forward and backward of a training step, and elementwise kernels (norms, activations,
+  residual adds).
 
-Each of ``c``, ``s_a``, ``s_t`` is fitted only when some sample carries it (kernel timings, as
-the GPU fits use, have no calls and no attention), else the profile's value stays. All are fitted
-by least squares on the log of the step time (every point weighs alike whether it takes a
-microsecond or a second), with a small penalty on the difference of neighbouring knots so that a
-knot no op reaches follows its neighbours. The model priced with the fitted profile is the very
-same ``CostModel.op_time`` (``EfficiencyTable.at`` is this interpolation), which a test checks.
+Each of ``c`` and the kind scales is fitted only when some sample carries it (kernel timings,
+as the GPU fits use, have no calls and no attention), else the profile's value stays. All are
+fitted by least squares on the log of the step time (every point weighs alike whether it takes
+a microsecond or a second), with a small penalty on the difference of neighbouring knots so that
+a knot no op reaches follows its neighbours. ``price`` is the one pricing of a sample, used by
+the fit (on trial tables) and by ``predict_samples`` (on a profile); it reads the efficiencies
+through ``hardware.fractions``, as ``CostModel.op_time`` does, which a test checks.
 
 Samples are split by a hash of their key: about a third are held out and never seen by the fit;
 the errors before and after are reported on them.
@@ -35,26 +41,37 @@ import dataclasses
 import hashlib
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
+from vocabjax.costmodel import op_seconds
 from vocabjax.errors import UserError
-from vocabjax.hardware import MAX_FITTED_EFFICIENCY, OP_KINDS, DeviceProfile, EfficiencyTable
-from vocabjax.xp import interp
+from vocabjax.hardware import (
+    MAX_FITTED_EFFICIENCY,
+    OP_KINDS,
+    TABLE_FIELDS,
+    DeviceProfile,
+    EfficiencyTable,
+    fractions,
+)
 
-KNOTS = 4  # per table; with two overheads and two kind scales 2 * KNOTS + 4 parameters
-N_PARAMS = 2 * KNOTS + 4
-MIN_FIT_SAMPLES = 16  # above N_PARAMS, so the fit is overdetermined
+KNOTS = 4  # per table
+# the tables the fit makes (DeviceProfile fields): e_c by a kernel's arithmetic intensity, which
+# tells a matrix-vector product from a GEMM of many rows at equal FLOPs, and e_m by its bytes
+FIT_TABLES: tuple[str, ...] = ("intensity_table", "memory_table")
+N_PARAMS = len(FIT_TABLES) * KNOTS + 3 + len(OP_KINDS)  # + launch, dispatch, overlap, kinds
+MIN_FIT_SAMPLES = N_PARAMS + 4  # so the fit is overdetermined
 HELD_OUT = 1 / 3
 SMOOTHNESS = 1e-2  # weight of the squared log-efficiency differences between neighbour knots
 STEPS = 3000
 LEARNING_RATE = 0.05
 MIN_LAUNCH_S = 1e-9  # floor of the fitted launch and dispatch overheads
 START_DISPATCH_S = 1e-5  # where the dispatch fit starts when the profile has none
+OVERLAP_EDGE = 0.02  # the fit of the overlap starts inside (0, 1), where its gradient lives
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,17 +124,35 @@ class Fit:
         return dict(self.profile.calibration or {})
 
 
-def _knots(values: np.ndarray) -> np.ndarray:
-    pos = values[values > 0]
+def _knots(values: np.ndarray) -> tuple[float, ...]:
+    pos = values[np.isfinite(values) & (values > 0)]
     if pos.size == 0:
-        return np.geomspace(1.0, 2.0, KNOTS)
+        return tuple(np.geomspace(1.0, 2.0, KNOTS))
     lo, hi = float(pos.min()), float(pos.max())
     if hi <= lo * 1.01:
         hi = lo * 2.0
-    return np.geomspace(lo, hi, KNOTS)
+    return tuple(float(k) for k in np.geomspace(lo, hi, KNOTS))
 
 
-def _pad(samples: Sequence[Sample]) -> tuple[np.ndarray, ...]:
+class _Ops(NamedTuple):
+    """The samples as padded arrays, one row per sample and one column per op (padding ops
+    do no work); ``kinds`` indexes ``("matmul", *OP_KINDS)``."""
+
+    flops: np.ndarray
+    nbytes: np.ndarray
+    kernels: np.ndarray
+    kinds: np.ndarray
+    launches: np.ndarray
+    calls: np.ndarray
+    fixed: np.ndarray
+
+    @property
+    def intensity(self) -> np.ndarray:
+        """FLOP per byte of each op, as ``CostModel.op_time`` reads it."""
+        return self.flops / np.maximum(self.nbytes, 1.0)
+
+
+def _pad(samples: Sequence[Sample]) -> _Ops:
     n_ops = max(len(s.flops) for s in samples)
     flops = np.zeros((len(samples), n_ops))
     nbytes = np.zeros((len(samples), n_ops))
@@ -128,25 +163,40 @@ def _pad(samples: Sequence[Sample]) -> tuple[np.ndarray, ...]:
         nbytes[i, : len(s.nbytes)] = s.nbytes
         kernels[i, : len(s.kernels)] = s.kernels
         kinds[i, : len(s.kinds)] = [OP_KINDS.index(k) + 1 if k in OP_KINDS else 0 for k in s.kinds]
-    launches = np.array([s.launches for s in samples], float)
-    calls = np.array([s.calls for s in samples], float)
-    fixed = np.array([s.fixed_s for s in samples], float)
-    measured = np.array([s.measured_s for s in samples], float)
-    return flops, nbytes, kernels, kinds, launches, calls, fixed, measured
+    return _Ops(
+        flops, nbytes, kernels, kinds,
+        *(np.array([getattr(s, f) for s in samples], float) for f in ("launches", "calls",
+                                                                        "fixed_s")),
+    )  # fmt: skip
 
 
-def _predict(params, arrays, *, peak, bandwidth, c_knots, m_knots):
-    """Step times under ``params`` (u_c, u_m, u_k, u_l, u_d), as CostModel.op_time prices each
-    op."""
-    flops, nbytes, kernels, kinds, launches, calls, fixed = arrays
-    one_f = jnp.log(jnp.maximum(flops / kernels, 1.0))  # one kernel's size, as Op.kernels says
-    one_y = jnp.log(jnp.maximum(nbytes / kernels, 1.0))
-    e_c = interp(one_f, c_knots, jnp.exp(params["u_c"]), xp=jnp)
-    e_m = interp(one_y, m_knots, jnp.exp(params["u_m"]), xp=jnp)
-    scale = jnp.concatenate([jnp.ones(1), jnp.exp(params["u_k"])])[kinds]
-    t_ops = jnp.maximum(flops / (peak * e_c), nbytes / (bandwidth * e_m)) / scale
-    overheads = launches * jnp.exp(params["u_l"]) + calls * jnp.exp(params["u_d"])
-    return t_ops.sum(axis=1) + overheads + fixed
+@dataclasses.dataclass(frozen=True)
+class _Trial:
+    """The fields ``hardware.fractions`` reads, holding the fit's trial tables (traced)."""
+
+    compute_table: EfficiencyTable | None = None
+    intensity_table: EfficiencyTable | None = None
+    memory_table: EfficiencyTable | None = None
+    compute_efficiency: float = 1.0
+    memory_efficiency: float = 1.0
+    overlap: Any = 1.0
+
+
+def price(tables, kind_scale, launch_s, dispatch_s, ops: _Ops, *, peak, bandwidth, xp):
+    """Seconds of each sample, as ``CostModel.op_time`` prices each op: ``max(F / (P e_c),
+    Y / (BW e_m))`` over its kind's scale (``kind_scale[kinds]``), e_c and e_m read at one
+    kernel's size from ``tables`` (``hardware.fractions``); plus its launches, host calls and
+    fixed time."""
+    a = jax.tree.map(xp.asarray, ops) if xp is jnp else ops
+    intensity = a.flops / xp.maximum(a.nbytes, 1.0)
+    e_c, e_m = fractions(tables, a.flops / a.kernels, intensity, a.nbytes / a.kernels, xp=xp)
+    t_math, t_mem = a.flops / (peak * e_c), a.nbytes / (bandwidth * e_m)
+    t_ops = op_seconds(t_math, t_mem, tables.overlap, xp=xp) / xp.asarray(kind_scale)[a.kinds]
+    return t_ops.sum(axis=1) + a.launches * launch_s + a.calls * dispatch_s + a.fixed
+
+
+def _profile_scales(profile: DeviceProfile) -> np.ndarray:
+    return np.array([1.0, *(profile.kind_efficiency(k) for k in OP_KINDS)])
 
 
 def fit_profile(
@@ -166,81 +216,60 @@ def fit_profile(
         )
     if not held:
         raise UserError(f"none of the {len(samples)} points fell in the held-out split")
+    ops = _pad(fit)
+    works = (ops.flops > 0) | (ops.nbytes > 0)
+    fits_dispatch = bool(np.any(ops.calls > 0))
+    fitted_kinds = [k for i, k in enumerate(OP_KINDS, 1) if np.any((ops.kinds == i) & works)]
+    knots = {
+        "compute_table": _knots(ops.flops / ops.kernels),
+        "intensity_table": _knots(np.where(ops.nbytes > 0, ops.intensity, np.nan)),
+        "memory_table": _knots(ops.nbytes / ops.kernels),
+    }
     peak, bandwidth = device.flops(dtype), device.hbm_bandwidth
-    flops, nbytes, kernels, kinds, launches, calls, fixed, measured = _pad(fit)
-    fits_dispatch = bool(np.any(calls > 0))
-    fitted_kinds = [k for i, k in enumerate(OP_KINDS, 1) if np.any((kinds == i) & (flops > 0))]
-    c_knots, m_knots = _knots(flops / kernels), _knots(nbytes / kernels)
-    log_c, log_m = [math.log(k) for k in c_knots], [math.log(k) for k in m_knots]
-    arrays = (
-        *(jnp.asarray(a, jnp.float32) for a in (flops, nbytes, kernels)),
-        jnp.asarray(kinds),
-        *(jnp.asarray(a, jnp.float32) for a in (launches, calls, fixed)),
-    )
-    log_meas = jnp.log(jnp.asarray(measured, jnp.float32))
-    predict = jax.tree_util.Partial(
-        _predict, peak=peak, bandwidth=bandwidth, c_knots=log_c, m_knots=log_m
-    )
-    cap = math.log(MAX_FITTED_EFFICIENCY)
+    log_measured = jnp.log(jnp.asarray([s.measured_s for s in fit], jnp.float32))
+    jops = _Ops(*(jnp.asarray(a, jnp.int32 if a.dtype.kind == "i" else jnp.float32) for a in ops))
+
+    def predict(params):
+        trial = _Trial(
+            **{f: EfficiencyTable(knots[f], jnp.exp(params[f])) for f in FIT_TABLES},
+            overlap=jax.nn.sigmoid(params["overlap"]),
+        )
+        scales = jnp.concatenate([jnp.ones(1), jnp.exp(params["kinds"])])
+        launch, dispatch = jnp.exp(params["launch"]), jnp.exp(params["dispatch"])
+        return price(trial, scales, launch, dispatch, jops, peak=peak, bandwidth=bandwidth,
+                     xp=jnp)  # fmt: skip
 
     def loss(params):
-        resid = jnp.log(predict(params, arrays)) - log_meas
-        smooth = jnp.sum(jnp.diff(params["u_c"]) ** 2) + jnp.sum(jnp.diff(params["u_m"]) ** 2)
+        resid = jnp.log(predict(params)) - log_measured
+        smooth = sum(jnp.sum(jnp.diff(params[f]) ** 2) for f in FIT_TABLES)
         return jnp.mean(resid**2) + SMOOTHNESS * smooth
 
-    opt = optax.adam(LEARNING_RATE)
-
-    @jax.jit
-    def run(params):
-        def step(carry, _):
-            params, state = carry
-            grads = jax.grad(loss)(params)
-            with jax.numpy_dtype_promotion("standard"):  # optax mixes its int32 step count
-                updates, state = opt.update(grads, state, params)
-            params = optax.apply_updates(params, updates)
-            params = {
-                "u_c": jnp.clip(params["u_c"], -20.0, cap),
-                "u_m": jnp.clip(params["u_m"], -20.0, cap),
-                "u_l": jnp.clip(params["u_l"], math.log(MIN_LAUNCH_S), 0.0),
-                "u_d": jnp.clip(params["u_d"], math.log(MIN_LAUNCH_S), 0.0),
-                "u_k": jnp.clip(params["u_k"], -20.0, cap),
-            }
-            return (params, state), None
-
-        (params, _), _ = jax.lax.scan(step, (params, opt.init(params)), None, length=STEPS)
-        return params
-
-    start = {
-        "u_c": jnp.full(KNOTS, math.log(device.compute_efficiency), jnp.float32),
-        "u_m": jnp.full(KNOTS, math.log(device.memory_efficiency), jnp.float32),
-        "u_l": jnp.float32(math.log(max(device.launch_overhead_s, MIN_LAUNCH_S))),
-        "u_d": jnp.float32(math.log(device.dispatch_overhead_s or START_DISPATCH_S)),
-        "u_k": jnp.log(jnp.asarray([device.kind_efficiency(k) for k in OP_KINDS], jnp.float32)),
-    }
-    params = jax.device_get(run(start))
+    params = jax.device_get(_minimize(loss, _start(device)))
     if not all(np.all(np.isfinite(v)) for v in params.values()):
         raise UserError("the fit did not converge (a parameter is not finite)")
-    sd = float(np.std(np.log(np.asarray(predict(params, arrays))) - np.asarray(log_meas)))
-    dispatch = float(np.exp(params["u_d"])) if fits_dispatch else device.dispatch_overhead_s
+    sd = float(np.std(np.log(np.asarray(predict(params))) - np.asarray(log_measured)))
+    dispatch = float(np.exp(params["dispatch"])) if fits_dispatch else device.dispatch_overhead_s
     scales = {
         f"{k}_efficiency": float(np.exp(u)) if k in fitted_kinds else device.kind_efficiency(k)
-        for k, u in zip(OP_KINDS, params["u_k"], strict=True)
+        for k, u in zip(OP_KINDS, params["kinds"], strict=True)
     }
+    tables = {f: _table(knots[f], params[f]) for f in FIT_TABLES}
     refitted = ["launch overhead"] + ["dispatch overhead"] * fits_dispatch
     refitted += [f"{k} efficiency" for k in fitted_kinds]
     profile = dataclasses.replace(
         device,
         **scales,
-        launch_overhead_s=float(np.exp(params["u_l"])),
+        **tables,
+        overlap=float(jax.nn.sigmoid(params["overlap"])),
+        launch_overhead_s=float(np.exp(params["launch"])),
         dispatch_overhead_s=dispatch,
-        compute_table=_table(c_knots, params["u_c"]),
-        memory_table=_table(m_knots, params["u_m"]),
         source=f"{device.source}; calibrated: {source}",
         calibration={
             "source": source,
-            "method": f"least squares on log step time, {KNOTS} log-spaced knots per table, "
-            f"{', '.join(refitted)} refitted; "
-            f"{len(fit)} points fitted, {len(held)} held out by a hash of each point's key",
+            "method": f"least squares on log step time; {KNOTS} log-spaced knots per table "
+            f"({', '.join(TABLE_FIELDS[f] for f in FIT_TABLES)}); {', '.join(refitted)} "
+            f"refitted; {len(fit)} points fitted, {len(held)} held out by a hash of each "
+            "point's key",
             "base_launch_overhead_s": device.launch_overhead_s,
             **({"base_dispatch_overhead_s": device.dispatch_overhead_s} if fits_dispatch else {}),
             "fit_points": len(fit),
@@ -256,20 +285,62 @@ def fit_profile(
     )
 
 
-def _table(knots: np.ndarray, u: np.ndarray) -> EfficiencyTable:
+def _start(device: DeviceProfile) -> dict[str, Any]:
+    """The fit's first guess: the profile's own scalars and overheads."""
+    first = {
+        "compute_table": 0.0,
+        "intensity_table": math.log(device.compute_efficiency),
+        "memory_table": math.log(device.memory_efficiency),
+    }
+    return {
+        **{f: jnp.full(KNOTS, first[f], jnp.float32) for f in FIT_TABLES},
+        "launch": jnp.float32(math.log(max(device.launch_overhead_s, MIN_LAUNCH_S))),
+        "dispatch": jnp.float32(math.log(device.dispatch_overhead_s or START_DISPATCH_S)),
+        "kinds": jnp.log(jnp.asarray([device.kind_efficiency(k) for k in OP_KINDS], jnp.float32)),
+        "overlap": jnp.float32(_logit(device.overlap)),
+    }
+
+
+def _logit(p: float) -> float:
+    p = min(max(p, OVERLAP_EDGE), 1.0 - OVERLAP_EDGE)
+    return math.log(p / (1.0 - p))
+
+
+def _minimize(loss, start: dict[str, Any]) -> dict[str, Any]:
+    """``STEPS`` Adam steps on ``loss`` from ``start`` in one jitted scan, each parameter kept in
+    its range (log efficiencies up to ``MAX_FITTED_EFFICIENCY``, overheads up to 1 s)."""
+    opt = optax.adam(LEARNING_RATE)
+    cap = math.log(MAX_FITTED_EFFICIENCY)
+    lows = {"launch": math.log(MIN_LAUNCH_S), "dispatch": math.log(MIN_LAUNCH_S), "overlap": -20.0}
+    highs = {"launch": 0.0, "dispatch": 0.0, "overlap": 20.0}
+
+    @jax.jit
+    def run(params):
+        def step(carry, _):
+            params, state = carry
+            grads = jax.grad(loss)(params)
+            with jax.numpy_dtype_promotion("standard"):  # optax mixes its int32 step count
+                updates, state = opt.update(grads, state, params)
+            params = optax.apply_updates(params, updates)
+            params = {k: jnp.clip(v, lows.get(k, -20.0), highs.get(k, cap))
+                      for k, v in params.items()}  # fmt: skip
+            return (params, state), None
+
+        (params, _), _ = jax.lax.scan(step, (params, opt.init(params)), None, length=STEPS)
+        return params
+
+    return run(start)
+
+
+def _table(knots: Sequence[float], u: np.ndarray) -> EfficiencyTable:
     values = np.clip(np.exp(np.asarray(u, float)), 1e-9, MAX_FITTED_EFFICIENCY)
-    return EfficiencyTable(tuple(float(k) for k in knots), tuple(float(v) for v in values))
+    return EfficiencyTable(tuple(knots), tuple(float(v) for v in values))
 
 
 def predict_samples(profile: DeviceProfile, samples: Sequence[Sample], *, dtype: str) -> np.ndarray:
-    """Step times of ``samples`` under ``profile``'s tables (or scalars): the fit's own pricing,
-    for tests and for re-pricing without a cost model."""
-    flops, nbytes, kernels, kinds, launches, calls, fixed, _ = _pad(samples)
-    peak, bandwidth = profile.flops(dtype), profile.hbm_bandwidth
-    c, m = profile.compute_table, profile.memory_table
-    e_c = c.at(flops / kernels, xp=np) if c else profile.compute_efficiency
-    e_m = m.at(nbytes / kernels, xp=np) if m else profile.memory_efficiency
-    scale = np.array([1.0, *(profile.kind_efficiency(k) for k in OP_KINDS)])[kinds]
-    t_ops = np.maximum(flops / (peak * e_c), nbytes / (bandwidth * e_m)) / scale
-    overheads = launches * profile.launch_overhead_s + calls * profile.dispatch_overhead_s
-    return t_ops.sum(axis=1) + overheads + fixed
+    """Step times of ``samples`` under ``profile`` (``price`` with its tables or scalars): the
+    fit's own pricing, for tests and for re-pricing without a cost model."""
+    return price(
+        profile, _profile_scales(profile), profile.launch_overhead_s, profile.dispatch_overhead_s,
+        _pad(samples), peak=profile.flops(dtype), bandwidth=profile.hbm_bandwidth, xp=np,
+    )  # fmt: skip

@@ -33,6 +33,8 @@ from vocabjax.xp import interp
 
 CostMode = Literal["full", "weights-only"]
 COST_MODES: tuple[str, ...] = ("full", "weights-only")
+AttentionKind = Literal["flash", "materialized"]
+ATTENTION_KINDS: tuple[str, ...] = ("flash", "materialized")
 LOGIT_BYTES = 4  # logits are written and read in f32
 ELEMENTWISE_FLOPS = 4  # scale, subtract max, exp, accumulate: per logit when sampling
 
@@ -53,6 +55,10 @@ class Settings:
     train_seq_tokens: int = 2048  # training context length, tokens
     train_batch_tokens: int = 2**20  # tokens per optimizer step (a 1M-token batch)
     steps_per_call: int = 1  # decode steps per host call (an on-device loop runs several)
+    # "flash": fused attention (serving engines on GPUs): causal FLOPs, K/V read once, scores
+    # never in memory. "materialized": the einsums of vocabjax's own model: every query against
+    # every cache position, masked, with the f32 scores written and read (SCORE_PASSES).
+    attention: AttentionKind = "flash"
 
     def __post_init__(self) -> None:
         if self.mode not in COST_MODES:
@@ -76,6 +82,10 @@ class Settings:
             raise UserError("launches_per_layer must be >= 0")
         if self.steps_per_call < 1:
             raise UserError(f"steps_per_call must be >= 1, got {self.steps_per_call}")
+        if self.attention not in ATTENTION_KINDS:
+            raise UserError(
+                f"attention {self.attention!r} must be one of {', '.join(ATTENTION_KINDS)}"
+            )
 
     @property
     def full(self) -> bool:
@@ -95,15 +105,22 @@ class Op(NamedTuple):
 
 
 MATMULS_PER_LAYER = 4  # QKV, attention output, MLP in (up and gate fused), MLP out
+ELEMENTWISE_PER_LAYER = 5  # two RMSNorms, the MLP's activation, two residual adds
+# f32 passes over a materialized score matrix: the QK^T einsum writes it, the softmax reads it
+# for its max and for its sum and writes the probabilities, the PV einsum reads those
+SCORE_PASSES = 5
 # AdamW's pass over one parameter, all f32: the backward writes its gradient; the update reads
 # the weight, the gradient and both moments and writes the weight and both moments: 8 x 4 bytes.
 OPTIMIZER_BYTES_PER_PARAM = 32.0
+# the forward, the backward to the activations and the backward to the weights: each a pass
+# over every matmul's weights and activations
+TRAIN_PASSES = 3.0
 PREFILL_HEAD_OPS = 2  # launches of the prefill's head: the last token's logits and their max
 # the families of priced time that ``CostModel.scaled`` can stretch one by one: the ops of
 # decode, prefill and the training step by name, and "overhead" for kernel launches and host calls
 OP_FAMILIES: tuple[str, ...] = (
-    "embedding", "backbone", "attention", "unembedding", "sampling", "train", "optimizer",
-    "overhead",
+    "embedding", "backbone", "elementwise", "attention", "unembedding", "sampling", "train",
+    "optimizer", "overhead",
 )  # fmt: skip
 
 
@@ -118,6 +135,13 @@ class OpTime(NamedTuple):
         if self.measured:
             return "measured"
         return "compute" if self.t_math >= self.t_mem else "memory"
+
+
+def op_seconds(t_math, t_mem, overlap, *, xp):
+    """An op's time from its compute and memory times: the longer, plus the part of the shorter
+    that the device does not overlap with it (``DeviceProfile.overlap``; 1: the roofline's
+    max)."""
+    return xp.maximum(t_math, t_mem) + (1.0 - overlap) * xp.minimum(t_math, t_mem)
 
 
 def arithmetic_intensity(op: Op) -> float:
@@ -195,7 +219,6 @@ class CostModel:
         self.a = float(BYTES_PER_ELEMENT[s.act_dtype])
         # the ceilings at the profile's scalar efficiencies; a fitted table replaces them per op
         self.peak = device.flops(s.weight_dtype) * device.compute_efficiency
-        self.bandwidth = device.hbm_bandwidth * device.memory_efficiency
         self.measured_unembed = MeasuredUnembed.from_profile(device, shape.d_model, s.weight_dtype)
         self.op_scale: Mapping[str, Any] = {}  # family -> time multiplier (see ``scaled``)
 
@@ -229,76 +252,93 @@ class CostModel:
         f_widths = (3 if m.glu else 2) * m.d_ff
         return float(4 * m.d_model + 2 * (m.n_heads + m.n_kv_heads) * m.dh + f_widths)
 
-    def decode_ops(self, vocab, batch, context) -> dict[str, Op]:
-        """One decode step: ``batch`` sequences each attending over ``context`` cached tokens."""
-        m, s = self.shape, self.settings
-        n_nv, d, L = float(m.n_nonembedding), float(m.d_model), float(m.n_layers)
-        logits = 0.0 if s.fused_logits else batch * vocab * LOGIT_BYTES
-        ops = {
-            "embedding": Op(0.0 * batch, batch * d * self.w),
-            "backbone": Op(
-                2.0 * batch * n_nv,
-                self.w * n_nv + batch * L * self._act_width * self.a,
-                L * MATMULS_PER_LAYER,
-            ),
-            "unembedding": Op(2.0 * batch * vocab * d, self.w * vocab * d + logits),
-            "sampling": Op(ELEMENTWISE_FLOPS * batch * vocab, logits),
-        }
-        if s.full:
-            ops["attention"] = Op(
-                4.0 * batch * context * float(m.n_heads * m.dh) * L,
-                batch * context * float(2 * m.n_kv_heads * m.dh) * self.k * L,
-                L,
-                "attention",
-            )
-        return ops
+    @property
+    def _elementwise_width(self) -> float:
+        """Activation elements read + written per token per layer by the elementwise kernels:
+        each RMSNorm reads and writes D, each residual add reads 2 D and writes D, the MLP's
+        activation reads its input(s) and writes F."""
+        m = self.shape
+        return float(10 * m.d_model + (3 if m.glu else 2) * m.d_ff)
 
-    def prefill_ops(self, vocab, batch, prompt_tokens) -> dict[str, Op]:
-        """The prompt pass: all prompt tokens through the backbone, logits for the last only."""
-        m, s = self.shape, self.settings
+    def _layers(self, tokens) -> dict[str, Op]:
+        """The backbone's matmuls and its elementwise kernels over ``tokens`` tokens (rows)."""
+        m = self.shape
         n_nv, d, L = float(m.n_nonembedding), float(m.d_model), float(m.n_layers)
-        tokens = batch * prompt_tokens
-        ops = {
-            "embedding": Op(0.0 * tokens, tokens * d * self.w),
+        return {
             "backbone": Op(
                 2.0 * tokens * n_nv,
                 self.w * n_nv + tokens * L * self._act_width * self.a,
                 L * MATMULS_PER_LAYER,
             ),
+            "elementwise": Op(
+                ELEMENTWISE_FLOPS * tokens * L * d,
+                tokens * L * self._elementwise_width * self.a,
+                L * ELEMENTWISE_PER_LAYER,
+                "elementwise",
+            ),
+        }
+
+    def _attention(self, batch, queries, keys, *, causal: bool) -> Op:
+        """``batch`` x ``queries`` queries over ``keys`` cached positions in every layer (see
+        ``Settings.attention``); ``causal``: the queries are the keys (a prompt), so a fused
+        kernel skips the masked half."""
+        m = self.shape
+        L, hd = float(m.n_layers), float(m.n_heads * m.dh)
+        kv = batch * keys * float(2 * m.n_kv_heads * m.dh) * self.k * L
+        pairs = batch * queries * keys
+        if self.settings.attention == "materialized":
+            scores = SCORE_PASSES * pairs * float(m.n_heads) * LOGIT_BYTES * L
+            return Op(4.0 * pairs * hd * L, kv + scores, L, "attention")
+        return Op((2.0 if causal else 4.0) * pairs * hd * L, kv, L, "attention")
+
+    def decode_ops(self, vocab, batch, context) -> dict[str, Op]:
+        """One decode step: ``batch`` sequences each attending over ``context`` cached tokens."""
+        s = self.settings
+        d = float(self.shape.d_model)
+        logits = 0.0 if s.fused_logits else batch * vocab * LOGIT_BYTES
+        ops = {
+            "embedding": Op(0.0 * batch, batch * d * self.w),
+            **self._layers(batch),
+            "unembedding": Op(2.0 * batch * vocab * d, self.w * vocab * d + logits),
+            "sampling": Op(ELEMENTWISE_FLOPS * batch * vocab, logits),
+        }
+        if s.full:
+            ops["attention"] = self._attention(batch, 1.0, context, causal=False)
+        return ops
+
+    def prefill_ops(self, vocab, batch, prompt_tokens) -> dict[str, Op]:
+        """The prompt pass: all prompt tokens through the backbone, logits for the last only."""
+        d = float(self.shape.d_model)
+        tokens = batch * prompt_tokens
+        ops = {
+            "embedding": Op(0.0 * tokens, tokens * d * self.w),
+            **self._layers(tokens),
             "unembedding": Op(
                 2.0 * batch * vocab * d, self.w * vocab * d + batch * vocab * LOGIT_BYTES
             ),
         }
-        if s.full:
-            # causal attention over the prompt (flash-style: K/V written once, read from cache)
-            ops["attention"] = Op(
-                2.0 * batch * prompt_tokens * prompt_tokens * float(m.n_heads * m.dh) * L,
-                tokens * float(2 * m.n_kv_heads * m.dh) * self.k * L,
-                L,
-                "attention",
-            )
+        if self.settings.full:
+            # the prompt's K/V written to the cache once, then attended over causally
+            ops["attention"] = self._attention(batch, prompt_tokens, prompt_tokens, causal=True)
         return ops
 
-    def compute_rate(self, flops, *, xp=jnp):
-        """Achieved FLOP/s of an op of ``flops``: the peak times e_c, or e_c(flops) from a
-        calibrated profile's table."""
-        table = self.device.compute_table
-        if table is None:
-            return self.peak
-        return self.device.flops(self.settings.weight_dtype) * table.at(flops, xp=xp)
+    def compute_rate(self, flops, intensity, *, xp=jnp):
+        """Achieved FLOP/s of one kernel of ``flops`` at ``intensity`` FLOP/byte: the peak
+        times e_c, or a calibrated profile's e_c(flops, intensity)."""
+        peak = self.device.flops(self.settings.weight_dtype)
+        return peak * self.device.compute_fraction(flops, intensity, xp=xp)
 
     def memory_rate(self, nbytes, *, xp=jnp):
-        """Achieved bytes/s of an op moving ``nbytes``: bandwidth times e_m, or e_m(bytes)."""
-        table = self.device.memory_table
-        if table is None:
-            return self.bandwidth
-        return self.device.hbm_bandwidth * table.at(nbytes, xp=xp)
+        """Achieved bytes/s of one kernel moving ``nbytes``: bandwidth times e_m (or e_m(bytes))."""
+        return self.device.hbm_bandwidth * self.device.memory_fraction(nbytes, xp=xp)
 
     def op_time(self, op: Op, *, xp=jnp) -> OpTime:
         scale = self.device.kind_efficiency(op.kind)
-        t_math = op.flops / (self.compute_rate(op.flops / op.kernels, xp=xp) * scale)
+        # an op priced by its FLOPs alone has no intensity: 1 byte keeps it past every knot
+        intensity = op.flops / xp.maximum(op.bytes, 1.0)
+        t_math = op.flops / (self.compute_rate(op.flops / op.kernels, intensity, xp=xp) * scale)
         t_mem = op.bytes / (self.memory_rate(op.bytes / op.kernels, xp=xp) * scale)
-        return OpTime(t_math, t_mem, xp.maximum(t_math, t_mem))
+        return OpTime(t_math, t_mem, op_seconds(t_math, t_mem, self.device.overlap, xp=xp))
 
     def _launches(self, n_head_ops: int, calls: float):
         """Launch overhead of a step with ``n_head_ops`` head kernels, plus ``calls`` host
@@ -375,13 +415,25 @@ class CostModel:
         return flops
 
     def train_ops(self, vocab, tokens) -> dict[str, Op]:
-        """One optimizer step over ``tokens`` tokens: the forward and backward FLOPs
-        (``train_flops_per_token``, kind "train": compute only) and the optimizer's pass over
-        every parameter (memory only: ``OPTIMIZER_BYTES_PER_PARAM`` bytes each)."""
-        params = float(self.shape.n_nonembedding) + 2.0 * vocab * float(self.shape.d_model)
+        """One optimizer step over ``tokens`` tokens: the forward and backward (kind "train":
+        ``train_flops_per_token`` FLOPs; ``TRAIN_PASSES`` passes over the matmuls' weights and
+        activations, the head's included) and the optimizer's pass over every parameter (kind
+        "optimizer", memory only: ``OPTIMIZER_BYTES_PER_PARAM`` bytes each)."""
+        m = self.shape
+        d, L = float(m.d_model), float(m.n_layers)
+        params = float(m.n_nonembedding) + 2.0 * vocab * d
+        matmuls = (
+            self.w * (float(m.n_nonembedding) + vocab * d)
+            + tokens * (L * self._act_width + 2.0 * d) * self.a
+        )
         return {
-            "train": Op(tokens * self.train_flops_per_token(vocab), 0.0 * vocab, kind="train"),
-            "optimizer": Op(0.0 * vocab, OPTIMIZER_BYTES_PER_PARAM * params),
+            "train": Op(
+                tokens * self.train_flops_per_token(vocab),
+                TRAIN_PASSES * matmuls,
+                TRAIN_PASSES * (L * MATMULS_PER_LAYER + 1.0),
+                "train",
+            ),
+            "optimizer": Op(0.0 * vocab, OPTIMIZER_BYTES_PER_PARAM * params, kind="optimizer"),
         }
 
     def train_step(self, vocab, tokens, *, xp=jnp):

@@ -114,6 +114,25 @@ class EfficiencyTable:
         return cls(tuple(sizes), tuple(values))
 
 
+def fractions(tables, flops, intensity, nbytes, *, xp):
+    """(e_c, e_m) of one kernel of ``flops`` FLOPs moving ``nbytes`` at ``intensity`` FLOP per
+    byte, read from ``tables`` (a DeviceProfile, or anything with its table and scalar fields,
+    such as the calibration's trial tables): e_c is the product of the compute tables it has
+    (by FLOPs, by intensity), else its scalar ``compute_efficiency``; e_m its memory table,
+    else ``memory_efficiency``."""
+    e_c = tables.compute_efficiency
+    if tables.compute_table is not None or tables.intensity_table is not None:
+        e_c = 1.0
+        if tables.compute_table is not None:
+            e_c = e_c * tables.compute_table.at(flops, xp=xp)
+        if tables.intensity_table is not None:
+            e_c = e_c * tables.intensity_table.at(intensity, xp=xp)
+    e_m = tables.memory_efficiency
+    if tables.memory_table is not None:
+        e_m = tables.memory_table.at(nbytes, xp=xp)
+    return e_c, e_m
+
+
 @dataclasses.dataclass(frozen=True)
 class KernelTiming:
     """One measured (or selected) unembedding kernel at one shape."""
@@ -169,9 +188,11 @@ class DeviceProfile:
     best: tuple[KernelTiming, ...] = ()  # the fastest candidate per (op, vocab, batch, d, dtype)
     measured: bool = False  # True for a profile written by autotune
     # Fitted by ``validate --fit``: efficiency by op size, replacing the scalar e_c / e_m above,
-    # and how the fit was made (points, split, errors before and after, residual spread).
-    compute_table: EfficiencyTable | None = None  # e_c by an op's FLOPs
-    memory_table: EfficiencyTable | None = None  # e_m by an op's bytes
+    # and how the fit was made (points, split, errors before and after, residual spread). With
+    # both compute tables, e_c is their product (``compute_fraction``).
+    compute_table: EfficiencyTable | None = None  # e_c by one kernel's FLOPs
+    memory_table: EfficiencyTable | None = None  # e_m by one kernel's bytes
+    intensity_table: EfficiencyTable | None = None  # e_c by a kernel's FLOP per byte moved
     calibration: Mapping[str, Any] | None = None
     # Host cost of one call of a compiled program (argument handling, output allocation, the
     # wait for its results), charged once per call rather than per kernel: the decode loop of a
@@ -179,10 +200,17 @@ class DeviceProfile:
     # profiles, and GPU fits on kernel timings, which never include it).
     dispatch_overhead_s: float = 0.0
     # Fitted multipliers of the rates above for work the tables do not describe: attention
-    # kernels (a batched matrix-vector product with a mask and a softmax, not a GEMM) and the
-    # forward and backward of a training step over its FLOPs. 1: priced like a matmul.
+    # kernels (a batched matrix-vector product with a mask and a softmax, not a GEMM), the
+    # forward and backward of a training step, elementwise kernels (norms, activations,
+    # residual adds: no reuse at all) and the optimizer's update over every parameter.
+    # 1: priced like a matmul.
     attention_efficiency: float = 1.0
     train_efficiency: float = 1.0
+    elementwise_efficiency: float = 1.0
+    optimizer_efficiency: float = 1.0
+    # The share of the shorter of an op's compute and memory times that runs under the longer:
+    # 1 is the roofline's max(t_math, t_mem) (perfect overlap), 0 runs one after the other.
+    overlap: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.peak_flops:
@@ -203,6 +231,8 @@ class DeviceProfile:
             value = positive_number(getattr(self, field), where=f"device {self.name!r} {field}")
             if value > 1.0:
                 raise UserError(f"device {self.name!r} {field} must be <= 1, got {value}")
+        if not 0.0 <= self.overlap <= 1.0:
+            raise UserError(f"device {self.name!r} overlap must be in [0, 1], got {self.overlap}")
         for field in KIND_FIELDS:
             positive_number(
                 getattr(self, field),
@@ -223,6 +253,14 @@ class DeviceProfile:
         if self.calibration is None or "log_residual_sd" not in self.calibration:
             return None
         return float(self.calibration["log_residual_sd"])
+
+    def compute_fraction(self, flops, intensity, *, xp):
+        """e_c of one kernel of ``flops`` FLOPs at ``intensity`` FLOP/byte (``fractions``)."""
+        return fractions(self, flops, intensity, 1.0, xp=xp)[0]
+
+    def memory_fraction(self, nbytes, *, xp):
+        """e_m of one kernel moving ``nbytes`` (``fractions``)."""
+        return fractions(self, 1.0, 1.0, nbytes, xp=xp)[1]
 
     def kind_efficiency(self, kind: str) -> float:
         """The multiplier of the rates for an op of ``kind`` (costmodel.Op.kind)."""
@@ -262,11 +300,13 @@ class DeviceProfile:
             "efficiency": {
                 "compute": self.compute_efficiency,
                 "memory": self.memory_efficiency,
+                "overlap": self.overlap,
                 **{kind: self.kind_efficiency(kind) for kind in OP_KINDS},
-                **(
-                    {"compute_by_flops": self.compute_table.to_json()} if self.compute_table else {}
-                ),
-                **({"memory_by_bytes": self.memory_table.to_json()} if self.memory_table else {}),
+                **{
+                    key: getattr(self, field).to_json()
+                    for field, key in TABLE_FIELDS.items()
+                    if getattr(self, field) is not None
+                },
             },
             **({"calibration": dict(self.calibration)} if self.calibration is not None else {}),
             "kernels": [k.to_json() for k in self.kernels],
@@ -299,17 +339,7 @@ class DeviceProfile:
             str(k): positive_number(v, where=f"{where}: ceilings.peak_flops.{field_name(k)}")
             for k, v in peak.items()
         }
-        efficiency = an_object(data.get("efficiency", {}), where=f"{where}: efficiency")
-        closed(efficiency, EFFICIENCY_FIELDS, where=f"{where}: efficiency")
-        e_c, e_m = (
-            positive_number(efficiency.get(k, 1.0), where=f"{where}: efficiency.{k}", maximum=1.0)
-            for k in ("compute", "memory")
-        )
-        tables = {
-            field: EfficiencyTable.from_json(efficiency[key], where=f"{where}: efficiency.{key}")
-            for field, key in TABLE_FIELDS.items()
-            if key in efficiency
-        }
+        efficiency = efficiency_fields(data.get("efficiency", {}), where=f"{where}: efficiency")
         calibration = None
         if "calibration" in data:
             calibration = dict(an_object(data["calibration"], where=f"{where}: calibration"))
@@ -337,21 +367,34 @@ class DeviceProfile:
                 allow_zero=True,
             ),
             source=text(data.get("source", where), where=f"{where}: source"),
-            compute_efficiency=e_c,
-            memory_efficiency=e_m,
-            **{
-                f"{kind}_efficiency": positive_number(
-                    efficiency.get(kind, 1.0),
-                    where=f"{where}: efficiency.{kind}",
-                    maximum=MAX_FITTED_EFFICIENCY,
-                )
-                for kind in OP_KINDS
-            },
             measured=boolean(data.get("measured", False), where=f"{where}: measured"),
             calibration=calibration,
-            **tables,
+            **efficiency,
             **rows,
         )
+
+
+def efficiency_fields(value: Any, *, where: str) -> dict[str, Any]:
+    """A profile's ``efficiency`` object (as ``DeviceProfile.to_json`` writes it) as the
+    DeviceProfile fields it sets: the scalars, the kind scales and the fitted tables."""
+    efficiency = an_object(value, where=where)
+    closed(efficiency, EFFICIENCY_FIELDS, where=where)
+    out: dict[str, Any] = {
+        f"{k}_efficiency": positive_number(efficiency.get(k, 1.0), where=f"{where}.{k}",
+                                           maximum=1.0)
+        for k in ("compute", "memory")
+    }  # fmt: skip
+    out["overlap"] = positive_number(
+        efficiency.get("overlap", 1.0), where=f"{where}.overlap", allow_zero=True, maximum=1.0
+    )
+    for kind in OP_KINDS:
+        out[f"{kind}_efficiency"] = positive_number(
+            efficiency.get(kind, 1.0), where=f"{where}.{kind}", maximum=MAX_FITTED_EFFICIENCY
+        )
+    for field, key in TABLE_FIELDS.items():
+        if key in efficiency:
+            out[field] = EfficiencyTable.from_json(efficiency[key], where=f"{where}.{key}")
+    return out
 
 
 KERNEL_FIELDS = tuple(f.name for f in dataclasses.fields(KernelTiming))
@@ -359,10 +402,15 @@ DEVICE_FIELDS = (
     "schema", "kind", "name", "source", "measured", "memory_bytes", "dtype", "ceilings",
     "efficiency", "calibration", "kernels", "best",
 )  # fmt: skip
-TABLE_FIELDS = {"compute_table": "compute_by_flops", "memory_table": "memory_by_bytes"}
-OP_KINDS = ("attention", "train")  # costmodel.Op.kind with a scale field ``{kind}_efficiency``
+TABLE_FIELDS = {
+    "compute_table": "compute_by_flops",
+    "intensity_table": "compute_by_intensity",
+    "memory_table": "memory_by_bytes",
+}
+# costmodel.Op.kind with a scale field ``{kind}_efficiency``
+OP_KINDS = ("attention", "train", "elementwise", "optimizer")
 KIND_FIELDS = tuple(f"{kind}_efficiency" for kind in OP_KINDS)
-EFFICIENCY_FIELDS = ("compute", "memory", *OP_KINDS, *TABLE_FIELDS.values())
+EFFICIENCY_FIELDS = ("compute", "memory", "overlap", *OP_KINDS, *TABLE_FIELDS.values())
 CEILING_FIELDS = (
     "hbm_bandwidth", "peak_flops", "ridge_point", "launch_overhead_s", "dispatch_overhead_s",
 )  # fmt: skip
@@ -467,8 +515,7 @@ def _calibrated(name: str) -> DeviceProfile:
     return dataclasses.replace(
         base,
         launch_overhead_s=entry["launch_overhead_s"],
-        compute_table=EfficiencyTable.from_json(entry["compute_by_flops"], where=name),
-        memory_table=EfficiencyTable.from_json(entry["memory_by_bytes"], where=name),
+        **efficiency_fields(entry["efficiency"], where=f"{name} efficiency"),
         calibration=entry["calibration"],
         source=f"{base.source}; calibrated: {entry['calibration']['source']}",
     )

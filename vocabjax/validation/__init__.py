@@ -4,8 +4,9 @@ engine and training step over a grid, beside the cost model's prediction for eac
     grid.py        which points: families (decode / prefill / train steps; backbone /
                    attention / unembedding ops), shapes, V, B, T; full, quick, test presets
     prediction.py  the cost model's figure per point (CostModel on Python floats, float32)
-    timing.py      building each point's call and timing a shape's points round-robin
+    timing.py      building each point's call and timing all points round-robin
     run.py         ``validate()``: the device (a profile, or ceilings measured now), the run
+    saved.py       ``read_validation()``: a saved run read back and priced again
     report.py      rows, the error summary, the JSON document, the predicted/measured figure
 """
 
@@ -28,6 +29,7 @@ from vocabjax.validation.run import (
     profile_kind,
     validate,
 )
+from vocabjax.validation.saved import measured_fields, read_validation
 
 __all__ = [
     "FAMILIES",
@@ -45,10 +47,12 @@ __all__ = [
     "get_grid",
     "headline",
     "load_validation_device",
+    "measured_fields",
     "plot",
     "point_rows",
     "predict",
     "profile_kind",
+    "read_validation",
     "summary",
     "summary_rows",
     "validate",

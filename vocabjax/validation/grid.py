@@ -32,6 +32,8 @@ Family = Literal["decode", "prefill", "train", "backbone", "attention", "unembed
 STEP_FAMILIES: tuple[str, ...] = ("decode", "prefill", "train")
 OP_FAMILIES: tuple[str, ...] = ("backbone", "attention", "unembedding")
 FAMILIES: tuple[str, ...] = STEP_FAMILIES + OP_FAMILIES
+AXES: tuple[str, ...] = ("vocabs", "batches", "contexts", "prompt_tokens", "train_vocabs",
+                         "train_batches", "op_vocabs", "op_batches")  # fmt: skip
 
 _SYNTHETIC = "vocabjax validate: synthetic shape sized for a CPU"
 W256 = ModelShape("w256-l4", 256, 4, 4, 4, 1024, source=_SYNTHETIC + " (GPT-like)")
@@ -89,9 +91,7 @@ class Grid:
     def __post_init__(self) -> None:
         if not self.shapes:
             raise UserError(f"grid {self.name!r} needs at least one model shape")
-        axes = ("vocabs", "batches", "contexts", "prompt_tokens", "train_vocabs", "train_batches",
-                "op_vocabs", "op_batches")  # fmt: skip
-        for axis in axes:
+        for axis in AXES:
             for v in getattr(self, axis):
                 if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                     raise UserError(f"grid {self.name!r}: {axis} must be positive integers")
@@ -153,7 +153,7 @@ def _quick() -> Grid:
         name="quick",
         shapes=(BUILTIN_SHAPES["tiny"], W256, W512_GQA),
         vocabs=(1024, 65536),
-        batches=(1, 16),
+        batches=(1, 4, 16),
         contexts=(64, 256),
         prompt_tokens=(64,),
         train_vocabs=(1024, 65536),

@@ -36,6 +36,13 @@ from vocabjax.validation.grid import Point
 from vocabjax.xp import PyMath
 
 DTYPE = "f32"  # what validate runs: weights, KV cache and activations in float32
+# the decode step's ops that an op timed alone runs: the layers run their norms, activations
+# and residual adds beside their matmuls
+OP_PARTS = {
+    "backbone": ("backbone", "elementwise"),
+    "attention": ("attention",),
+    "unembedding": ("unembedding",),
+}
 
 
 def settings_for(point: Point, decode_steps: int = 1) -> Settings:
@@ -45,7 +52,7 @@ def settings_for(point: Point, decode_steps: int = 1) -> Settings:
     seq = point.context if point.family == "train" and point.context else Settings.train_seq_tokens
     return Settings(
         mode="full", weight_dtype=DTYPE, kv_dtype=DTYPE, act_dtype=DTYPE, train_seq_tokens=seq,
-        steps_per_call=decode_steps if point.family == "decode" else 1,
+        steps_per_call=decode_steps if point.family == "decode" else 1, attention="materialized",
     )  # fmt: skip
 
 
@@ -148,14 +155,13 @@ def predict(point: Point, device: DeviceProfile, *, decode_steps: int = 1) -> Pr
         calls = 1.0 / decode_steps
         total = cm.decode_step(v, b, t, xp=PyMath)
         return Prediction(rows, n, launch_s, total, calls, calls * dispatch)
-    # ops alone: the roofline of the matching decode op (V and T only where the op reads them)
-    v = float(point.vocab or 1)
-    t = float(point.context or 1)
-    op = cm.decode_ops(v, b, t)[point.family]
-    row = _row(point.family, op, cm.op_time(op, xp=PyMath))
+    # ops alone: the roofline of the matching decode ops (V and T only where they read them)
+    ops = cm.decode_ops(float(point.vocab or 1), b, float(point.context or 1))
+    rows = tuple(_row(k, ops[k], cm.op_time(ops[k], xp=PyMath)) for k in OP_PARTS[point.family])
     launches = {"backbone": per_layer, "attention": float(m.n_layers), "unembedding": 1.0}
     n, launch_s = _launch(cm, launches[point.family])
-    return Prediction((row,), n, launch_s, row.t + launch_s + dispatch, 1.0, dispatch)
+    total = sum(r.t for r in rows) + launch_s + dispatch
+    return Prediction(rows, n, launch_s, total, 1.0, dispatch)
 
 
 def call_flops(point: Point, prediction: Prediction, decode_steps: int) -> float:

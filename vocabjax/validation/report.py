@@ -18,7 +18,7 @@ from typing import Any
 from vocabjax import plots
 from vocabjax.profiles import SCHEMA
 from vocabjax.validation.fit import Calibrated
-from vocabjax.validation.grid import FAMILIES
+from vocabjax.validation.grid import AXES, FAMILIES
 from vocabjax.validation.prediction import DTYPE, settings_for
 from vocabjax.validation.run import Result, Validation
 
@@ -102,6 +102,7 @@ def device_json(v: Validation) -> dict[str, Any]:
         "compute_efficiency": d.compute_efficiency,
         "memory_efficiency": d.memory_efficiency,
         "measured_unembedding": bool(d.best_rows("greedy", DTYPE)),
+        "profile": d.to_json(),  # the whole profile, so ``read_validation`` prices as this run
     }
 
 
@@ -113,6 +114,8 @@ def grid_json(v: Validation) -> dict[str, Any]:
     return {
         "name": g.name,
         "shapes": [shape.to_json() for shape in g.shapes],
+        "axes": {axis: list(getattr(g, axis)) for axis in AXES},
+        "train_seq": g.train_seq,
         "decode_steps": g.decode_steps,
         "max_flops": g.max_flops,
         "skipped": len(v.skipped),
@@ -141,6 +144,7 @@ def document(
         "kind": KIND,
         "date": v.date,
         "host": v.host,
+        "load_average": v.load_average,
         "command": command,
         "seconds": v.seconds,
         "device": device_json(v),

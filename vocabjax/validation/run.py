@@ -27,7 +27,7 @@ from vocabjax.errors import UserError
 from vocabjax.hardware import DeviceProfile, load_device
 from vocabjax.validation.grid import Grid, Point, get_grid
 from vocabjax.validation.prediction import DTYPE, Prediction, call_flops, predict
-from vocabjax.validation.timing import measure_group, resident_bytes
+from vocabjax.validation.timing import measure, resident_bytes
 
 MEASURE = "measure"  # the --device that measures this machine's ceilings first
 
@@ -61,6 +61,7 @@ class Validation:
     date: str  # UTC start of the run
     host: str  # machine, processor, cores, jax version
     seconds: float  # wall time of the run
+    load_average: float = 0.0  # this machine's 1-minute load average before the timing began
 
 
 def running_kind() -> str:
@@ -124,20 +125,37 @@ def load_validation_device(spec: DeviceProfile | str, progress=None) -> DevicePr
     return device
 
 
-def check_memory(grid: Grid, shapes, points: list[Point], fraction: float = 0.7) -> None:
-    """Refuse, before any work, a grid whose largest shape group would hold more than
-    ``fraction`` of this machine's memory (the group's arrays are all resident while it is
-    timed round-robin)."""
+def check_memory(grid: Grid, points: list[Point], fraction: float = 0.7) -> None:
+    """Refuse, before any work, a grid whose points would hold more than ``fraction`` of this
+    machine's memory (every shape's arrays are resident while the points are timed
+    round-robin)."""
     memory = at._memory_bytes(jax.devices()[0])
-    for shape in shapes:
-        need = resident_bytes(shape, [p for p in points if p.shape == shape], grid)
-        if need > fraction * memory:
-            raise UserError(
-                f"grid {grid.name!r}: the {shape.name} points hold about {need / 1e9:.1f} GB at "
-                f"once, above {fraction:.0%} of this machine's {memory / 1e9:.1f} GB; use "
-                "{quick} or a grid with fewer, smaller points",
-                settings=["quick"],
-            )
+    shapes = list(dict.fromkeys(p.shape for p in points))
+    need = {s: resident_bytes(s, [p for p in points if p.shape == s], grid) for s in shapes}
+    total = sum(need.values())
+    if total > fraction * memory:
+        largest = max(need, key=lambda s: need[s])
+        raise UserError(
+            f"grid {grid.name!r}: its points hold about {total / 1e9:.1f} GB at once (the "
+            f"{largest.name} points {need[largest] / 1e9:.1f} GB), above {fraction:.0%} of this "
+            f"machine's {memory / 1e9:.1f} GB; use {{quick}} or a grid with fewer, smaller points",
+            settings=["quick"],
+        )
+
+
+BUSY_LOAD = 0.5  # a 1-minute load average above this share of the cores: other work is running
+
+
+def busy(say) -> float:
+    """This machine's 1-minute load average, with a warning when other work shares it (the
+    timings then carry that work)."""
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if load > BUSY_LOAD * cores:
+        say(
+            f"warning: load average {load:.1f} on {cores} cores: other work shares this machine, "
+            "and the timings carry it"
+        )
+    return load
 
 
 def host() -> str:
@@ -181,27 +199,18 @@ def validate(
         raise UserError(f"grid {grid.name!r}: every point is over max_flops={grid.max_flops:g}")
     if skipped:
         say(f"validate: {len(skipped)} points over {grid.max_flops:.3g} FLOPs per call left out")
-    shapes = [s for s in grid.shapes if any(p.shape == s for p, _ in kept)]
-    check_memory(grid, shapes, [p for p, _ in kept])
-    results: list[Result] = []
+    check_memory(grid, [p for p, _ in kept])
+    load = busy(say)  # read before the timing, whose own load it would otherwise count
     with unembed.using_device_profile(device):
-        for i, shape in enumerate(shapes, 1):
-            group = [(p, q) for p, q in kept if p.shape == shape]
-            times = measure_group(
-                shape,
-                [p for p, _ in group],
-                grid,
-                seed=seed,
-                progress=say,
-                where=f"validate [{i}/{len(shapes)}] {shape.name}: ",
-            )
-            for (p, q), (measured, compile_s) in zip(group, times, strict=True):
-                r = Result(p, q, measured, compile_s)
-                results.append(r)
-                say(
-                    f"  {p.label()}: measured {measured * 1e3:.4g} ms, predicted "
-                    f"{q.predicted_s * 1e3:.4g} ms ({r.error_pct:+.0f}%, {q.bound})"
-                )
+        times = measure([p for p, _ in kept], grid, seed=seed, progress=say)
+    results: list[Result] = []
+    for (p, q), (measured, compile_s) in zip(kept, times, strict=True):
+        r = Result(p, q, measured, compile_s)
+        results.append(r)
+        say(
+            f"  {p.label()}: measured {measured * 1e3:.4g} ms, predicted "
+            f"{q.predicted_s * 1e3:.4g} ms ({r.error_pct:+.0f}%, {q.bound})"
+        )
     return Validation(
         device=device,
         device_kind=profile_kind(device),
@@ -213,4 +222,5 @@ def validate(
         date=date,
         host=host(),
         seconds=time.perf_counter() - started,
+        load_average=load,
     )

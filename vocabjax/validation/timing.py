@@ -1,11 +1,12 @@
-"""Build and time the calls of one model shape's validation points.
+"""Build and time the calls of the validation points.
 
-Each shape is one round-robin group. Every point's call is compiled first (its compile time
-kept), then autotune's ``time_interleaved`` times the group side by side: one untimed first
-call each, warm-up rounds, then rounds that call every point once in a rotating order, the
-median per point; each call blocks until its results are ready. A noisy machine so slows every
-point of a group alike, and each call follows other points' calls, so its weights come from
-memory rather than a warm cache (as autotune's rotated input sets do).
+Every point's call is compiled first (its compile time kept), then autotune's
+``time_interleaved`` times all of them side by side: one untimed first call each, warm-up
+rounds, then rounds that call every point once in a rotating order, the median per point; each
+call blocks until its results are ready. A noisy machine so slows every point alike, and each
+call follows other points' calls, so its weights come from memory rather than a warm cache (as
+autotune's rotated input sets do). Each model shape's points share one set of parameters
+(``Group``); every group stays resident while the rounds run.
 
 What each family's call runs (float32 throughout, parameters drawn from a fixed seed):
 
@@ -286,37 +287,33 @@ def resident_bytes(shape: ModelShape, points: Sequence[Point], grid: Grid) -> fl
     return total + max(transient)
 
 
-def measure_group(
-    shape: ModelShape,
-    points: Sequence[Point],
-    grid: Grid,
-    *,
-    seed: int = 0,
-    progress: Progress | None = None,
-    where: str = "",
+def measure(
+    points: Sequence[Point], grid: Grid, *, seed: int = 0, progress: Progress | None = None
 ) -> list[tuple[float, float]]:
-    """(measured seconds per step or op, compile seconds) of each of ``points`` (all of
-    ``shape``), timed round-robin as one group."""
+    """(measured seconds per step or op, compile seconds) of each of ``points``: every point's
+    call is built (compiled) first, shape by shape, then all are timed round-robin as one set,
+    so that a load that comes and goes during the run slows every point alike."""
     say = progress or (lambda _m: None)
+    shapes = list(dict.fromkeys(p.shape for p in points))
     try:
-        group = Group(shape, grid, points, seed)
+        groups = {s: Group(s, grid, [p for p in points if p.shape == s], seed) for s in shapes}
         calls, compiles = [], []
         for i, p in enumerate(points, 1):
-            call, seconds = group.build(p)
+            call, seconds = groups[p.shape].build(p)
             calls.append(call)
             compiles.append(seconds)
-            say(f"{where}compiled {i}/{len(points)}: {p.label()} ({seconds:.1f} s)")
+            say(f"validate: compiled {i}/{len(points)}: {p.label()} ({seconds:.1f} s)")
         s = grid.timing
         say(
-            f"{where}timing {len(points)} points round-robin ({s.warmup - 1} warm-up and "
+            f"validate: timing {len(points)} points round-robin ({s.warmup - 1} warm-up and "
             f"{s.repeats} timed rounds after a first call each)"
         )
         times = time_interleaved(calls, [()], s)
     except jax.errors.JaxRuntimeError as exc:  # e.g. RESOURCE_EXHAUSTED: the grid's memory
         first = str(exc).strip().splitlines()[0][:300]
-        raise UserError(f"validate {shape.name}: the device refused a call: {first}") from None
+        raise UserError(f"validate: the device refused a call: {first}") from None
     finally:
-        group = calls = None  # free this shape's arrays before the next group
+        groups = calls = None  # free the arrays before the caller goes on
         gc.collect()
     per_call = [grid.decode_steps if p.family == "decode" else 1 for p in points]
     return [(t / n, c) for t, n, c in zip(times, per_call, compiles, strict=True)]

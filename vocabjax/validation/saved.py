@@ -1,0 +1,152 @@
+"""A saved validation run read back: ``validate --from FILE`` re-prices and refits it without
+timing anything again.
+
+    v = read_validation("validation.json")             # priced on the run's own profile
+    v = read_validation("validation.json", "a100-80gb")  # or on another one
+
+Only what was measured is read: the grid, the profile the run priced with, and per point its
+family, shape, V, B, T, measured and compile seconds. Every prediction is recomputed by today's
+cost model, so a run made once can be priced again after the model or the profile changes.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from vocabjax.errors import UserError
+from vocabjax.hardware import DeviceProfile
+from vocabjax.profiles import (
+    a_list,
+    an_object,
+    closed,
+    integer,
+    load_json,
+    one_of,
+    positive_number,
+    require,
+    text,
+)
+from vocabjax.shapes import shape_from_mapping
+from vocabjax.timing import TimingSettings
+from vocabjax.validation.grid import AXES, FAMILIES, Grid, Point
+from vocabjax.validation.prediction import predict
+from vocabjax.validation.run import (
+    Result,
+    Validation,
+    device_mismatch,
+    load_validation_device,
+    profile_kind,
+)
+
+KIND = "validation"
+_POINT_FIELDS = ("family", "shape", "vocab", "batch", "context", "measured_s", "compile_s")
+
+
+def _grid(data: Any, *, where: str) -> Grid:
+    g = an_object(data, where=where)
+    require(g, ("name", "shapes", "axes", "train_seq", "decode_steps", "max_flops", "timing"),
+            where=where)  # fmt: skip
+    shapes = tuple(
+        shape_from_mapping(s, name=f"shape {i}", where=f"{where}.shapes[{i}]")
+        for i, s in enumerate(a_list(g["shapes"], where=f"{where}.shapes", nonempty=True))
+    )
+    axes = an_object(g["axes"], where=f"{where}.axes")
+    closed(axes, AXES, where=f"{where}.axes")
+    require(axes, AXES, where=f"{where}.axes")
+    timing = an_object(g["timing"], where=f"{where}.timing")
+    return Grid(
+        name=text(g["name"], where=f"{where}.name", empty=False),
+        shapes=shapes,
+        **{
+            axis: tuple(
+                integer(x, where=f"{where}.axes.{axis}")
+                for x in a_list(axes[axis], where=f"{where}.axes.{axis}")
+            )  # fmt: skip
+            for axis in AXES
+        },
+        train_seq=integer(g["train_seq"], where=f"{where}.train_seq"),
+        decode_steps=integer(g["decode_steps"], where=f"{where}.decode_steps"),
+        max_flops=positive_number(g["max_flops"], where=f"{where}.max_flops"),
+        timing=TimingSettings(
+            **{
+                k: integer(timing[k], where=f"{where}.timing.{k}")
+                for k in ("warmup", "repeats", "min_repeats")
+                if k in timing
+            }  # fmt: skip
+        ),
+    )
+
+
+def _result(data: Any, grid: Grid, device: DeviceProfile, *, where: str) -> Result:
+    p = an_object(data, where=where)
+    require(p, _POINT_FIELDS, where=where)
+    shapes = {s.name: s for s in grid.shapes}
+    shape = one_of(p["shape"], tuple(shapes), where=f"{where}.shape")
+
+    def size(key: str) -> int | None:
+        return None if p[key] is None else integer(p[key], where=f"{where}.{key}", minimum=1)
+
+    point = Point(
+        one_of(p["family"], FAMILIES, where=f"{where}.family"),  # type: ignore[arg-type]
+        shapes[shape],
+        integer(p["batch"], where=f"{where}.batch", minimum=1),
+        size("vocab"),
+        size("context"),
+    )
+    return Result(
+        point,
+        predict(point, device, decode_steps=grid.decode_steps),
+        positive_number(p["measured_s"], where=f"{where}.measured_s"),
+        positive_number(p["compile_s"], where=f"{where}.compile_s", allow_zero=True),
+    )
+
+
+def read_validation(
+    path: str | os.PathLike, device: DeviceProfile | str | None = None
+) -> Validation:
+    """The run ``validate --out`` wrote to ``path``, every point priced again on ``device``
+    (default: the profile the run priced with)."""
+    where = str(path)
+    data = load_json(path, KIND)
+    require(data, ("date", "host", "device", "grid", "points"), where=where)
+    grid = _grid(data["grid"], where=f"{where}: grid")
+    recorded = an_object(data["device"], where=f"{where}: device")
+    require(recorded, ("profile", "running_on"), where=f"{where}: device")
+    if device is None:
+        profile = DeviceProfile.from_json(recorded["profile"], where=f"{where}: device.profile")
+    else:
+        profile = load_validation_device(device)
+    running = text(recorded["running_on"], where=f"{where}: device.running_on", empty=False)
+    points = a_list(data["points"], where=f"{where}: points", nonempty=True)
+    results = tuple(
+        _result(p, grid, profile, where=f"{where}: points[{i}]") for i, p in enumerate(points)
+    )
+    measured = {r.point.label() for r in results}
+    if len(measured) != len(results):
+        raise UserError(f"{where}: a point is listed twice")
+    return Validation(
+        device=profile,
+        device_kind=profile_kind(profile),
+        running_on=running,
+        mismatch=device_mismatch(profile, running),
+        grid=grid,
+        results=results,
+        skipped=tuple(p for p in grid.points() if p.label() not in measured),
+        date=text(data["date"], where=f"{where}: date"),
+        host=text(data["host"], where=f"{where}: host"),
+        seconds=0.0,
+        load_average=positive_number(
+            data.get("load_average", 0.0), where=f"{where}: load_average", allow_zero=True
+        ),
+    )
+
+
+def measured_fields(doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` (a validation JSON) with each point cut to what was measured: what
+    ``read_validation`` reads, a fraction of the size, for keeping a run as data."""
+    keep = ("schema", "kind", "date", "host", "load_average", "command", "seconds", "device",
+            "grid")  # fmt: skip
+    out = {k: doc[k] for k in keep if k in doc}
+    out["points"] = [{k: p[k] for k in _POINT_FIELDS} for p in doc["points"]]
+    return out
