@@ -1,0 +1,171 @@
+"""The cost model against this project's own runs on a CPU: docs/validation_cpu.md and its figure.
+
+    python sims/validation.py        # seconds: prices the committed runs again, times nothing
+
+Data: ``validate --out`` runs kept in sims/data/ (each point's measured seconds, the grid and
+the profile it priced with; ``vocabjax.validation.measured_fields``): the full grid once and the
+quick grid twice, minutes apart. Every prediction is made again by today's cost model
+(``read_validation``, as ``validate --from`` does) and fitted as ``validate --fit`` fits: two
+thirds of the step points by a hash of each point, the rest and every op held out. The two
+quick runs, timed one after the other, say how far this machine repeats itself.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import _common  # noqa: F401  (puts the checkout on sys.path)
+from _common import ROOT, figure_path, write_doc
+
+from vocabjax import validation
+from vocabjax.hardware import OP_KINDS, TABLE_FIELDS
+from vocabjax.validation.fit import calibrate
+from vocabjax.validation.grid import FAMILIES, STEP_FAMILIES
+
+DATA = ROOT / "sims" / "data"
+FULL = "validation_cpu_full.json"
+QUICK = ("validation_cpu_quick_1.json", "validation_cpu_quick_2.json")
+FIGURE = "validation_cpu_full.png"
+TARGET = (10.0, 30.0)  # issue 10: median and worst |error| of the held-out steps, percent
+
+
+def _abs_errors(results) -> list[float]:
+    return [abs(r.error_pct) for r in results]
+
+
+def _cells(results) -> str:
+    e = _abs_errors(results)
+    return f"{statistics.median(e):.1f} | {max(e):.0f}" if e else "- | -"
+
+
+def error_table(v, cal) -> list[str]:
+    """Held-out |error| by family and over the steps, before and after the fit."""
+    before = cal.held_out(v.results)
+    after = cal.held_out(cal.after)
+    groups = [(f, (f,)) for f in FAMILIES] + [("**steps**", STEP_FAMILIES)]
+    lines = [
+        "| held out | n | before: median | worst | after: median | worst |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, fams in groups:
+        b = [r for r in before if r.point.family in fams]
+        a = [r for r in after if r.point.family in fams]
+        lines.append(f"| {name} | {len(a)} | {_cells(b)} | {_cells(a)} |")
+    return lines
+
+
+def steps_after(cal) -> tuple[float, float]:
+    e = _abs_errors(r for r in cal.held_out(cal.after) if r.point.family in STEP_FAMILIES)
+    return statistics.median(e), max(e)
+
+
+def fitted(profile) -> list[str]:
+    """The calibrated profile's parameters, one row each."""
+    rows = [
+        f"| {key} | "
+        + ", ".join(f"{s:.3g}: {x:.3g}" for s, x in zip(t.sizes, t.values, strict=True))
+        + " |"
+        for field, key in TABLE_FIELDS.items()
+        if (t := getattr(profile, field)) is not None
+    ]
+    rows += [f"| {k} efficiency | {profile.kind_efficiency(k):.3g} |" for k in OP_KINDS]
+    rows += [
+        f"| overlap | {profile.overlap:.3g} |",
+        f"| launch overhead | {profile.launch_overhead_s * 1e6:.3g} us |",
+        f"| dispatch overhead (one host call) | {profile.dispatch_overhead_s * 1e6:.3g} us |",
+    ]
+    return ["| parameter | value |", "|---|---|", *rows]
+
+
+def worst(cal, n: int = 10) -> list[str]:
+    held = [r for r in cal.held_out(cal.after) if r.point.family in STEP_FAMILIES]
+    held.sort(key=lambda r: -abs(r.error_pct))
+    lines = ["| held-out step | measured | after |", "|---|---:|---:|"]
+    lines += [
+        f"| {r.point.label()} | {r.measured_s * 1e3:.3g} ms | {r.error_pct:+.0f}% |"
+        for r in held[:n]
+    ]
+    return lines
+
+
+def repeatability(a, b) -> list[str]:
+    """|difference| of each point's time between two runs of one grid, percent of the first."""
+    first = {r.point.label(): r.measured_s for r in a.results}
+    lines = ["| family | points | median | worst |", "|---|---:|---:|---:|"]
+    for fams, name in [((f,), f) for f in FAMILIES] + [(STEP_FAMILIES, "**steps**")]:
+        d = [
+            100 * abs(r.measured_s / first[r.point.label()] - 1)
+            for r in b.results
+            if r.point.family in fams and r.point.label() in first
+        ]
+        lines.append(f"| {name} | {len(d)} | {statistics.median(d):.1f} | {max(d):.0f} |")
+    return lines
+
+
+def run_line(v, name: str) -> str:
+    d = v.device
+    return (
+        f"`sims/data/{name}`: grid `{v.grid.name}`, {len(v.results)} points timed "
+        f"{v.date} on {v.host} (load average {v.load_average:.1f} at the start); ceilings "
+        f"measured then: {d.flops('f32') / 1e9:.0f} GFLOP/s f32, {d.hbm_bandwidth / 1e9:.1f} "
+        f"GB/s, launch {d.launch_overhead_s * 1e6:.1f} us."
+    )
+
+
+def main() -> None:
+    full = validation.read_validation(DATA / FULL)
+    cal = calibrate(full)
+    validation.plot(full, figure_path(FIGURE), caption="python sims/validation.py",
+                    calibrated=cal)  # fmt: skip
+    median, worst_ = steps_after(cal)
+    quick = [validation.read_validation(DATA / name) for name in QUICK]
+    quick_fits = [calibrate(v) for v in quick]
+    met = median <= TARGET[0] and worst_ <= TARGET[1]
+    body = [
+        "The cost model against this project's own model, serving engine and training step on",
+        "this CPU: runs of `python cli.py validate` kept in `sims/data/`, priced again by today's",
+        "cost model and fitted as `validate --fit` fits them (`validate --from FILE --fit` does",
+        "the same for one file). How the points are timed and what the fit fits:",
+        "[validation.md](validation.md).",
+        "",
+        "## The full grid",
+        "",
+        run_line(full, FULL),
+        f"{len(cal.fit.fit_keys)} step points fitted; the other steps and every op held out.",
+        "",
+        f"![predicted against measured, before and after the fit]({FIGURE})",
+        "",
+        *error_table(full, cal),
+        "",
+        f"Held-out steps after the fit: **{median:.1f}% median, {worst_:.0f}% worst**; the "
+        f"target is {TARGET[0]:.0f}% and {TARGET[1]:.0f}%: " + ("met." if met else "**not met**."),
+        "",
+        "The calibrated profile (log residual spread on the fit points "
+        f"{cal.fit.log_residual_sd:.3f}):",
+        "",
+        *fitted(cal.fit.profile),
+        "",
+        "The held-out steps the model misses most:",
+        "",
+        *worst(cal),
+        "",
+        "## The quick grid, twice",
+        "",
+    ]
+    for name, v, c in zip(QUICK, quick, quick_fits, strict=True):
+        m, w = steps_after(c)
+        body += [run_line(v, name), f"Held-out steps after the fit: {m:.1f}% median, {w:.0f}% "
+                 "worst.", "", *error_table(v, c), ""]  # fmt: skip
+    body += [
+        "How far the machine repeats itself: each point's time in the second quick run against",
+        "the first (the same grid, the same code, minutes apart). A prediction cannot be",
+        "expected to come closer to a point than the point comes to itself.",
+        "",
+        *repeatability(*quick),
+    ]
+    write_doc("validation_cpu.md", "The cost model against measured runs on this CPU",
+              "\n".join(body))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
