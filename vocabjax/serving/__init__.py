@@ -5,9 +5,10 @@ decode.py      the device side: prefill and the on-device decode loop as pure, j
                functions of a DecodeConfig, with their carry (Decoding); Sampling
 engine.py      load_run, Engine: host packing of prompts, the compile cache, timed generation
 batching.py    RunningBatch: continuous batching, requests joining and leaving a running batch
-router.py      load_policy, choose_head / shift_head / offset_bounds, route_batch
+router.py      load_policy, choose_head / shift_head / offset_bounds, route_batch, router_step
 trace.py       Request, load_trace / write_trace (JSONL), demo_trace (builtin corpus)
-controller.py  Thresholds, derive_thresholds / training_bpb, QualityController (hysteresis)
+controller.py  Thresholds, derive_thresholds / training_bpb, controller_step (hysteresis, a
+               pure function) and its host caller QualityController
 admission.py   MemoryPlan, plan_memory (the KV plan for a memory budget), admit_count
 records.py     ServeConfig, the records of a served trace, ServeResult (summary, JSON)
 continuous.py  the continuous-batching loop on the virtual clock
@@ -21,9 +22,15 @@ from vocabjax.serving.continuous import request_seed
 from vocabjax.serving.controller import (
     DEFAULT_BAND,
     DEFAULT_WINDOW,
+    ControllerConfig,
+    ControllerState,
+    Decision,
     Move,
+    Observation,
     QualityController,
     Thresholds,
+    controller_init,
+    controller_step,
     derive_thresholds,
     training_bpb,
 )
@@ -51,10 +58,14 @@ from vocabjax.serving.records import (
 from vocabjax.serving.router import (
     HeadChoice,
     RoutedBatch,
+    RouteDecision,
+    RouteTable,
+    Routing,
     choose_head,
     load_policy,
     offset_bounds,
     route_batch,
+    router_step,
     shift_head,
 )
 from vocabjax.serving.server import (
@@ -88,6 +99,9 @@ __all__ = [
     "STOP_CODES",
     "Compiled",
     "Completion",
+    "ControllerConfig",
+    "ControllerState",
+    "Decision",
     "DecodeConfig",
     "Decoding",
     "DemoPhase",
@@ -101,10 +115,14 @@ __all__ = [
     "LoadedRun",
     "MemoryPlan",
     "Move",
+    "Observation",
     "PromptRoom",
     "QualityController",
     "Request",
+    "RouteDecision",
+    "RouteTable",
     "RoutedBatch",
+    "Routing",
     "RunningBatch",
     "Sampling",
     "ServeConfig",
@@ -120,6 +138,8 @@ __all__ = [
     "bucket_length",
     "check_prompts",
     "choose_head",
+    "controller_init",
+    "controller_step",
     "default_memory",
     "demo_trace",
     "derive_thresholds",
@@ -134,6 +154,7 @@ __all__ = [
     "prompt_room",
     "request_seed",
     "route_batch",
+    "router_step",
     "serve",
     "shift_head",
     "solo_key",

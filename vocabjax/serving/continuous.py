@@ -127,7 +127,7 @@ class Continuous:
             return
         admitted = [self.waiting.popleft() for _ in range(n)]
         k = len(self.record.batches)
-        self.record.route(self.now, route, k)
+        self.record.route(self.now, load, k)  # the same decision, kept: they join
         start = self.now
         joining = [Joining(i, self.ids(i, head), self.limit(i), self.key(i)) for i in admitted]
         joined, finished, calls = batch.join(joining)

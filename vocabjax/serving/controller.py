@@ -14,6 +14,11 @@ at the new offset (dwell); values served at an older offset are not counted. ``l
 is the hysteresis band: values oscillating inside it never move the level. The offset stays
 within ``[lowest, highest]``: at a bound the window keeps sliding and nothing moves.
 
+The controller is one pure function of (state, observation) -> (state, decision),
+``controller_step``, written against an array namespace: ``QualityController`` is its thin host
+caller on numpy, and the same function runs under ``jax.jit`` (or in a ``lax.scan`` over a
+recorded sequence; tested equal to the host).
+
 Default thresholds come from the run's own measurement (``training.json``: the held-out bits
 per byte of each head): ``high = (1 + band) * max_h bpb_h`` and ``low = (1 - band) * min_h
 bpb_h``, so text like the held-out text keeps the level at every head, and one level's change
@@ -22,12 +27,13 @@ of bits per byte (the spread between heads) cannot by itself undo the move that 
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, NamedTuple
+
+import numpy as np
 
 from vocabjax.errors import UserError
 from vocabjax.train import TRAINING_FILE
@@ -127,8 +133,93 @@ class Move:
     reason: str  # one line for the switch log
 
 
+# ---- the controller as a pure function ----------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ControllerConfig:
+    """What the controller's step is specialised to (static under jit)."""
+
+    high: float  # a full window above: one level up
+    low: float  # a full window below: one level down
+    window: int  # values per windowed mean
+    lowest: int  # the offset never goes below
+    highest: int  # nor above
+
+
+class ControllerState(NamedTuple):
+    """The controller's state as arrays: its offset and its window, a ring of the last values
+    served at that offset (slots 0..count-1 hold them until the ring is full)."""
+
+    offset: Any  # int: the level shift
+    values_w: Any  # (window,) bits per byte
+    weights_w: Any  # (window,) their weights
+    count: Any  # int: values in the window since the last move, at most window
+    next: Any  # int: the slot the next value goes to
+
+
+class Observation(NamedTuple):
+    """One served request, as the controller sees it."""
+
+    bpb: Any  # its prompt's bits per byte
+    offset: Any  # the offset it was served at
+    weight: Any  # its weight (the server gives the prompt's bytes)
+
+
+class Decision(NamedTuple):
+    """What the controller made of one observation."""
+
+    counted: Any  # bool: it entered the window (served at the current offset, finite)
+    move: Any  # int: +1 one level up, -1 one level down, 0 none
+    mean: Any  # the windowed mean after it, before a move clears the window (nan: empty)
+
+
+def controller_init(config: ControllerConfig, *, xp=np) -> ControllerState:
+    """Offset 0 and an empty window (``xp``: numpy on the host, jax.numpy under jit)."""
+    zeros_w = xp.zeros((config.window,), xp.float32 if xp is not np else np.float64)
+    zero = xp.asarray(0, xp.int32)
+    return ControllerState(zero, zeros_w, zeros_w, zero, zero)
+
+
+def window_mean(state: ControllerState, *, xp=np) -> Any:
+    """The weighted mean of the values in the window, sum of w x / sum of w; nan when empty."""
+    valid_w = xp.arange(state.values_w.shape[0]) < state.count
+    total = xp.sum(xp.where(valid_w, state.weights_w, 0.0))
+    bits = xp.sum(xp.where(valid_w, state.weights_w * state.values_w, 0.0))
+    return xp.where(total > 0, bits / xp.where(total > 0, total, 1.0), xp.nan)
+
+
+def controller_step(
+    config: ControllerConfig, state: ControllerState, obs: Observation, *, xp=np
+) -> tuple[ControllerState, Decision]:
+    """One observation: a value served at the current offset enters the window; a full window
+    whose mean is above ``high`` (below ``low``) moves one level up (down) within the offset
+    bounds and clears the window. Pure: numpy or, jitted, jax.numpy (``xp``)."""
+    counted = (obs.offset == state.offset) & xp.isfinite(obs.bpb)
+    slot_w = (xp.arange(config.window) == state.next) & counted
+    state = state._replace(
+        values_w=xp.where(slot_w, obs.bpb, state.values_w),
+        weights_w=xp.where(slot_w, obs.weight, state.weights_w),
+        count=xp.where(counted, xp.minimum(state.count + 1, config.window), state.count),
+        next=xp.where(counted, (state.next + 1) % config.window, state.next),
+    )
+    mean = window_mean(state, xp=xp)
+    full = counted & (state.count == config.window)
+    up = full & (mean > config.high) & (state.offset < config.highest)
+    down = full & ~up & (mean < config.low) & (state.offset > config.lowest)
+    move = xp.where(up, 1, xp.where(down, -1, 0)).astype(xp.int32)
+    moved = move != 0
+    state = state._replace(
+        offset=(state.offset + move).astype(xp.int32),
+        count=xp.where(moved, 0, state.count).astype(xp.int32),
+        next=xp.where(moved, 0, state.next).astype(xp.int32),
+    )
+    return state, Decision(counted, move, mean)
+
+
 class QualityController:
-    """Windowed-mean hysteresis on prompt bits per byte; pure Python, no model.
+    """Windowed-mean hysteresis on prompt bits per byte; no model. A thin host caller of
+    ``controller_step`` (numpy), which a jitted loop can run as it is.
 
     ``observe(bpb, offset, weight)`` takes one served request's bits per byte, the offset it
     was served at and its weight (the server passes the prompt's bytes, so that the windowed
@@ -148,42 +239,38 @@ class QualityController:
         self.window = window
         self.lowest = lowest
         self.highest = highest
-        self.offset = 0
-        self._values: collections.deque[tuple[float, float]] = collections.deque(maxlen=window)
+        self.config = ControllerConfig(thresholds.high, thresholds.low, window, lowest, highest)
+        self.state = controller_init(self.config)
+
+    @property
+    def offset(self) -> int:
+        return int(self.state.offset)
 
     @property
     def window_mean(self) -> float | None:
         """The weighted mean of the values now in the window (None when it is empty)."""
-        if not self._values:
-            return None
-        return sum(w * x for x, w in self._values) / sum(w for _, w in self._values)
+        return float(window_mean(self.state)) if self.state.count else None
 
     @property
     def filled(self) -> int:
-        return len(self._values)
+        return int(self.state.count)
 
     def observe(self, bpb: float, offset: int, weight: float = 1.0) -> Move | None:
         if not (weight > 0 and math.isfinite(weight)):
             raise UserError(f"weight={weight!r} must be a finite number > 0")
-        if offset != self.offset or not math.isfinite(bpb):
-            return None  # served before the last move (or unmeasurable): not this level's
-        self._values.append((bpb, weight))
-        if len(self._values) < self.window:
-            return None
-        mean = self.window_mean
-        assert mean is not None
-        t = self.thresholds
-        if mean > t.high and self.offset < self.highest:
-            direction: Direction = "up"
-            why = f"windowed BPB {mean:.3f} > high {t.high:.3f}"
-        elif mean < t.low and self.offset > self.lowest:
-            direction = "down"
-            why = f"windowed BPB {mean:.3f} < low {t.low:.3f}"
-        else:
-            return None
         before = self.offset
-        self.offset += 1 if direction == "up" else -1
-        self._values.clear()
+        obs = Observation(np.float64(bpb), np.int32(offset), np.float64(weight))
+        self.state, decision = controller_step(self.config, self.state, obs)
+        if not decision.move:
+            return None
+        mean = float(decision.mean)
+        t = self.thresholds
+        direction: Direction = "up" if decision.move > 0 else "down"
+        why = (
+            f"windowed BPB {mean:.3f} > high {t.high:.3f}"
+            if direction == "up"
+            else f"windowed BPB {mean:.3f} < low {t.low:.3f}"
+        )
         return Move(
             direction,
             before,

@@ -19,7 +19,15 @@ from vocabjax.profiles import SCHEMA
 from vocabjax.serving.admission import MemoryPlan
 from vocabjax.serving.controller import DEFAULT_WINDOW, QualityController, Thresholds
 from vocabjax.serving.engine import Generation, Sampling
-from vocabjax.serving.router import RoutedBatch, shift_head
+from vocabjax.serving.router import (
+    RoutedBatch,
+    Routes,
+    RouteTable,
+    Routing,
+    choose_head,
+    router_step,
+    shift_head,
+)
 from vocabjax.serving.trace import Request
 
 DEFAULT_MAX_BATCH = 32
@@ -333,11 +341,15 @@ class _Record:
     def __init__(
         self,
         heads: tuple[int, ...],
+        routes: Routes,
         thresholds: Thresholds | None,
         window: int,
         bounds: tuple[int, int],
     ) -> None:
         self.heads = heads
+        self.routes = routes
+        self.table = RouteTable.of(heads, routes)
+        self.last = np.int32(-1)  # the router's state: the head the next batch would keep
         self.controller = (
             None
             if thresholds is None
@@ -347,7 +359,6 @@ class _Record:
         self.batches: list[ServedBatch] = []
         self.switches: list[Switch] = []
         self.chunks: list[ServedChunk] = []
-        self.last_head: int | None = None  # the head the next batch would keep
         self.bounds = bounds
         self.thresholds = thresholds
 
@@ -370,22 +381,20 @@ class _Record:
         """The controller's offset in levels (0 with the controller off)."""
         return self.controller.offset if self.controller else 0
 
-    def route(self, now: float, route: RoutedBatch, k: int) -> None:
-        """A router switch before batch ``k`` when its head is not the one the last kept."""
-        if self.last_head is not None and route.head != self.last_head:
+    def route(self, now: float, batch: int, k: int) -> RoutedBatch:
+        """The router's decision for batch ``k`` of ``batch`` requests (``router_step`` from the
+        head the last batch kept), and a router switch when it is another head."""
+        offset = self.offset
+        before = self.last
+        self.last, d = router_step(self.table, before, Routing(np.int32(batch), np.int32(offset)))
+        routed = choose_head(self.heads, "auto", batch=batch, routes=self.routes)
+        route = RoutedBatch(routed, offset, self.heads[int(d.head)])
+        if d.switched:
+            from_head = self.heads[int(before)]
             self.switches.append(
-                Switch(
-                    now,
-                    self.last_head,
-                    route.head,
-                    "router",
-                    route.reason,
-                    route.offset,
-                    route.offset,
-                    k,
-                )
+                Switch(now, from_head, route.head, "router", route.reason, offset, offset, k)
             )
-        self.last_head = route.head
+        return route
 
     def batch(
         self,
@@ -459,7 +468,7 @@ class _Record:
         self.switches.append(
             Switch(now, route.head, to, "controller", move.reason, route.offset, move.to_offset, k)
         )
-        self.last_head = to
+        self.last = np.int32(self.heads.index(to))
         return move.window_mean
 
     def progress_line(self, requests: int, now: float) -> str:

@@ -8,7 +8,10 @@ controller's level offset.
 ``choose_head`` takes the route for B, snapped to the nearest of the run's heads in log V;
 ``shift_head`` moves it by the controller's offset in levels, clamped to the run's smallest and
 largest head; ``offset_bounds`` is the range of offsets that still change some batch's head.
-Pure functions of the heads, the routes and the offset: no model, no clock.
+Pure functions of the heads, the routes and the offset: no model, no clock. The decision itself
+is ``router_step``, a pure function of (state: the head the last batch kept, observation: B and
+the offset) -> (state, decision) over a ``RouteTable``, on numpy on the host (``route_batch``)
+or under ``jax.jit`` (tested equal).
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, NamedTuple
+
+import numpy as np
 
 from vocabjax.errors import UserError
 from vocabjax.planning import POLICY_KIND
@@ -93,11 +98,16 @@ def choose_head(
         bound = f"B <= {bound_b}"
     else:
         bound = f"B > {routes[i - 1][0]}" if i else "every batch"
-    vocab = min(heads, key=lambda v: (abs(math.log(v / want)), -v))
+    vocab = _snap(heads, want)
     note = "" if vocab == want else f", the run's nearest head in log V ({listed})"
     return HeadChoice(
         vocab, f"head auto: the policy routes B={batch} ({bound}) to {want}: serving {vocab}{note}"
     )
+
+
+def _snap(heads: Sequence[int], want: int) -> int:
+    """The head nearest ``want`` in log V, ties to the larger."""
+    return min(heads, key=lambda v: (abs(math.log(v / want)), -v))
 
 
 def shift_head(heads: Sequence[int], head: int, offset: int) -> int:
@@ -135,6 +145,55 @@ class RoutedBatch:
 
 
 def route_batch(heads: Sequence[int], routes: Routes, *, batch: int, offset: int) -> RoutedBatch:
-    """The head of a batch of ``batch`` requests: the policy's route shifted by ``offset``."""
+    """The head of a batch of ``batch`` requests: the policy's route shifted by ``offset``
+    (``router_step`` on the host), with the route's reason."""
+    table = RouteTable.of(heads, routes)
+    _, decision = router_step(table, np.int32(-1), Routing(np.int32(batch), np.int32(offset)))
     routed = choose_head(heads, "auto", batch=batch, routes=routes)
-    return RoutedBatch(routed, offset, shift_head(heads, routed.vocab, offset))
+    return RoutedBatch(routed, offset, table.heads[int(decision.head)])
+
+
+# ---- the router as a pure function ---------------------------------------------------------------
+
+NO_BOUND = 2**31 - 1  # the bound of a route for every larger batch (batches are int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class RouteTable:
+    """A policy's batch routes over a run's heads, as ``router_step`` reads them (static under
+    jit)."""
+
+    heads: tuple[int, ...]  # the run's heads, increasing
+    bounds: tuple[int, ...]  # each route's max_batch, increasing (NO_BOUND: every larger batch)
+    routed: tuple[int, ...]  # each route's head snapped to the run's nearest: an index in heads
+
+    @classmethod
+    def of(cls, heads: Sequence[int], routes: Routes) -> RouteTable:
+        order = tuple(sorted(heads))
+        bounds = tuple(NO_BOUND if b is None else b for b, _ in routes)
+        return cls(order, bounds, tuple(order.index(_snap(order, v)) for _, v in routes))
+
+
+class Routing(NamedTuple):
+    """What the router decides on: the batch size and the controller's offset."""
+
+    batch: Any  # B
+    offset: Any  # levels
+
+
+class RouteDecision(NamedTuple):
+    routed: Any  # the policy's route for B: an index in the table's heads
+    head: Any  # the head that serves: routed shifted by the offset, clamped (an index)
+    switched: Any  # bool: not the head the last batch kept
+
+
+def router_step(table: RouteTable, last: Any, obs: Routing, *, xp=np) -> tuple[Any, RouteDecision]:
+    """The router's step: the route for ``obs.batch`` (the first whose bound holds it, else the
+    last), shifted by ``obs.offset`` levels within the heads, and whether it switches from
+    ``last`` (the head index the last batch kept; -1: none yet), which it returns as the new
+    state. Pure: numpy or, jitted, jax.numpy (``xp``)."""
+    i = xp.minimum(xp.searchsorted(xp.asarray(table.bounds), obs.batch), len(table.bounds) - 1)
+    routed = xp.asarray(table.routed, xp.int32)[i]
+    head = xp.clip(routed + obs.offset, 0, len(table.heads) - 1).astype(xp.int32)
+    switched = (last >= 0) & (head != last)
+    return head, RouteDecision(routed, head, switched)

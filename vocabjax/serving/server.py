@@ -67,7 +67,6 @@ from vocabjax.serving.router import (
     choose_head,
     load_policy,
     offset_bounds,
-    route_batch,
 )
 from vocabjax.serving.trace import PromptRoom, Request, demo_trace, load_trace
 
@@ -91,7 +90,7 @@ def serve(
     check_prompts(engine.run, queue)
     heads = tuple(sorted(engine.run.heads))
     bounds = offset_bounds(heads, routes, config.max_batch)
-    record = _Record(heads, thresholds, config.window, bounds)
+    record = _Record(heads, routes, thresholds, config.window, bounds)
     log = progress or (lambda _line: None)
     if config.batching == "static":
         now = _serve_static(engine, queue, routes, config, record, log)
@@ -121,8 +120,7 @@ def _serve_static(
         end = admit(queue, first, now, config.max_batch)
         admitted, first = queue[first:end], end
         k = len(record.batches)
-        route = route_batch(record.heads, routes, batch=len(admitted), offset=record.offset)
-        record.route(now, route, k)
+        route = record.route(now, len(admitted), k)
         gen, service = _run_batch(engine, admitted, route.head, config, k, log)
         record.batch(admitted, gen, route, k, start_s=now, service_s=service)
         now += service
