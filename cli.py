@@ -538,9 +538,10 @@ def _corpus_options(split: str):
                 "--corpus",
                 "corpus_spec",
                 required=True,
-                metavar="PATH|builtin",
+                metavar="PATH|builtin|builtin-prose",
                 help="A file, directory or glob of .txt/.jsonl/.parquet (also .gz/.zst), "
-                "or 'builtin': Python's standard library (code-heavy text).",
+                "'builtin': Python's standard library (code-heavy text), or 'builtin-prose': "
+                "English documentation this machine ships (made here, never downloaded).",
             ),
             click.option(
                 "--field",
@@ -855,8 +856,9 @@ _TRAIN_FIELDS = {  # option -> RunConfig field (corpus fields as corpus.<name>)
     "corpus_spec",
     default="builtin",
     show_default=True,
-    metavar="PATH|builtin",
-    help="A file, directory or glob of .txt/.jsonl/.parquet (also .gz/.zst), or 'builtin'.",
+    metavar="PATH|builtin|builtin-prose",
+    help="A file, directory or glob of .txt/.jsonl/.parquet (also .gz/.zst), 'builtin' "
+    "(code-heavy) or 'builtin-prose' (English documentation this machine ships).",
 )
 @click.option("--field", default="text", show_default=True, help="Text field of .jsonl / .parquet.")
 @click.option(
@@ -870,7 +872,7 @@ _TRAIN_FIELDS = {  # option -> RunConfig field (corpus fields as corpus.<name>)
     "--max-bytes",
     type=Size(BYTES_RANGE),
     default=None,
-    help="Read at most this much text before the split [default: all; 2m for builtin].",
+    help="Read at most this much text before the split [default: all; 2m for a builtin corpus].",
 )
 @click.option(
     "--seq-len",

@@ -231,3 +231,13 @@ def test_usage_errors_and_help():
     for command in ("train", "measure", "prune"):
         help_text = run("tokenizer", command, "--help").output
         assert "Example:" in help_text and f"python cli.py tokenizer {command}" in help_text
+
+
+def test_the_prose_corpus_names_itself_in_what_it_writes(tmp_path):
+    out = tmp_path / "prose"
+    args = ["--corpus", "builtin-prose", "--max-bytes", "128k", "--vocab", "300", "--out"]
+    result = run("tokenizer", "train", *args, str(out), "--format", "json")
+    assert result.exit_code == 0, result.output
+    manifest = json.loads(result.stdout)
+    assert manifest["corpus"].startswith("builtin-prose (English prose this machine ships")
+    assert "not downloaded" in manifest["corpus"] and "corpus: builtin-prose" in result.stderr

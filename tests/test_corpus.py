@@ -1,4 +1,4 @@
-"""Corpus streaming: formats, compression, the split, the cap, the builtin corpus, bad input."""
+"""Corpus streaming: formats, compression, the split, the cap, the builtin corpora, bad input."""
 
 from __future__ import annotations
 
@@ -14,7 +14,16 @@ from pathlib import Path
 import pytest
 
 from vocabjax import corpus as corpus_module
-from vocabjax.corpus import BUILTIN_LABEL, batches, is_held_out, open_corpus, read_file
+from vocabjax.corpus import (
+    BUILTIN_LABEL,
+    PROSE,
+    PROSE_LABEL,
+    batches,
+    default_max_bytes,
+    is_held_out,
+    open_corpus,
+    read_file,
+)
 from vocabjax.errors import UserError
 
 DOCS = ["first document\nwith two lines\n", "zweites Dokument: Grüße 🙂\n", "third\n"]
@@ -270,3 +279,75 @@ def test_proc_self_mem_is_one_error():
     # a regular file by stat whose first read fails: EIO without any set-up, and no wait
     with pytest.raises(UserError, match=r"^cannot read '/proc/self/mem': Input/output error$"):
         list(open_corpus("/proc/self/mem").documents())
+
+
+# ---- the builtin prose corpus -----------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_share(tmp_path, monkeypatch):
+    """A /usr/share of one README, one licence and one man page, in place of the system's."""
+    (tmp_path / "doc" / "pkg").mkdir(parents=True)
+    (tmp_path / "doc" / "pkg" / "README.gz").write_bytes(
+        gzip.compress(b"This package reads words aloud and writes them down again.\n")
+    )
+    (tmp_path / "doc" / "pkg" / "logo.png").write_bytes(b"\x89PNG not text")
+    (tmp_path / "common-licenses").mkdir()
+    (tmp_path / "common-licenses" / "Fair").write_text(
+        "Usage of the works is permitted provided that this instrument is retained.\n"
+    )
+    (tmp_path / "man" / "man1").mkdir(parents=True)
+    page = (
+        '.\\" a comment\n.de XX\n.ft B\n..\n.TH GREET 1\n.SH NAME\ngreet \\- say hello\n'
+        ".SH DESCRIPTION\n.B greet\nprints a \\fIfriendly\\fR greeting\\(emonce.\n"
+    )
+    (tmp_path / "man" / "man1" / "greet.1.gz").write_bytes(gzip.compress(page.encode()))
+    monkeypatch.setattr(corpus_module, "SHARE", tmp_path)
+    corpus_module._prose_paths.cache_clear()
+    yield tmp_path
+    corpus_module._prose_paths.cache_clear()
+
+
+def test_prose_is_made_here_from_what_is_shipped_and_labelled(fake_share, monkeypatch):
+    import socket
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("the prose corpus tried to reach the network")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    corpus = open_corpus(PROSE, max_bytes=300_000)  # sources interleave: the fakes come early
+    docs = list(corpus.documents())
+    assert "This package reads words aloud and writes them down again.\n" in docs
+    assert any("Usage of the works is permitted" in d for d in docs)
+    assert (
+        "NAME\ngreet - say hello\n\nDESCRIPTION\ngreet\nprints a friendly greeting--once.\n" in docs
+    )
+    assert not any("not text" in d for d in docs)
+    assert any("assert" in d for d in docs)  # Python's reference: on every machine
+    assert len(docs) == len(set(docs))  # each text once
+    assert corpus.label.startswith(PROSE_LABEL) and "prose" in corpus.describe("heldout")
+    assert "not downloaded" in corpus.label and corpus.is_builtin
+    assert fake_share / "man" / "man1" / "greet.1.gz" in corpus.files()
+    assert default_max_bytes(PROSE) == default_max_bytes("builtin")
+
+
+def test_prose_is_deterministic_and_mixes_its_sources():
+    a = list(open_corpus(PROSE, max_bytes=600_000).documents())
+    assert a == list(open_corpus(PROSE, max_bytes=600_000).documents())
+    assert len(a) == len(set(a))
+    # interleaved by bytes: a small cap already holds Python's reference and docstrings
+    assert any(d.startswith('The "assert" statement') for d in a)
+    assert any("Return" in d and "def " not in d for d in a)
+    train, held = list(open_corpus(PROSE, max_bytes=600_000).documents("train")), []
+    held = list(open_corpus(PROSE, max_bytes=600_000).documents("heldout"))
+    assert sorted(train + held) == sorted(a) and held
+
+
+def test_prose_holds_enough_text_for_a_16k_tokenizer():
+    from vocabjax.vocab import train_nested
+
+    cap = 2**20
+    docs = list(open_corpus(PROSE, max_bytes=cap).documents("train"))
+    assert sum(len(d.encode()) for d in docs) > 0.8 * cap
+    assert train_nested(docs, [16384], stop_short=True).vocab_sizes == (16384,)

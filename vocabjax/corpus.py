@@ -1,7 +1,10 @@
 """Streaming text corpora: files, directories and globs of ``.txt``, ``.jsonl`` and ``.parquet``
 (optionally ``.gz`` or ``.zst`` compressed), a deterministic train / held-out split by document
-hash, and the ``builtin`` corpus that every fresh machine has (the running Python's standard
-library).
+hash, and two builtin corpora that every fresh machine can make from what it ships, never
+downloaded: ``builtin`` (the running Python's standard library: code-heavy text) and
+``builtin-prose`` (documentation in English prose: Python's language reference and docstrings,
+installed packages' descriptions, and, where the system ships them, its documentation, licences
+and man pages).
 
 Nothing here loads a corpus into memory: documents are yielded one at a time, and a large text
 file is cut into documents of at most ``max_document_bytes`` at line boundaries.
@@ -13,19 +16,22 @@ file is cut into documents of at most ``max_document_bytes`` at line boundaries.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 import functools
 import glob
 import gzip
 import hashlib
+import heapq
 import io
 import json
 import os
+import re
 import sys
 import sysconfig
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO, Literal
 
@@ -34,6 +40,11 @@ from vocabjax.progress import Progress
 
 BUILTIN = "builtin"
 BUILTIN_LABEL = "builtin (Python standard library: code-heavy text)"
+PROSE = "builtin-prose"
+PROSE_LABEL = (
+    "builtin-prose (English prose this machine ships: Python's reference and docstrings, "
+    "package descriptions, system docs, licences and man pages; made here, not downloaded)"
+)
 
 Split = Literal["train", "heldout", "all"]
 SPLITS: tuple[str, ...] = ("train", "heldout", "all")
@@ -43,7 +54,7 @@ JSONL_SUFFIXES = (".jsonl",)
 PARQUET_SUFFIXES = (".parquet",)
 COMPRESSED_SUFFIXES = (".gz", ".zst")
 MIB = 1024**2
-BUILTIN_MAX_BYTES = 8 * MIB  # the command line's default cap for builtin: a training in seconds
+BUILTIN_MAX_BYTES = 8 * MIB  # the command line's default cap for a builtin corpus: seconds to train
 
 
 class NotText(UserError):
@@ -54,7 +65,7 @@ class NotText(UserError):
 class Corpus:
     """A corpus as the user named it; iterate its documents with :meth:`texts`."""
 
-    spec: str  # what the user gave: a file, a directory, a glob, or "builtin"
+    spec: str  # what the user gave: a file, a directory, a glob, or a builtin corpus's name
     field: str = "text"  # the text field of .jsonl records and the column of .parquet files
     held_out: float = 0.1  # fraction of documents (by content hash) in the held-out part
     max_bytes: int | None = None  # stop after this many UTF-8 bytes of documents (before split)
@@ -62,12 +73,12 @@ class Corpus:
 
     @property
     def is_builtin(self) -> bool:
-        return self.spec == BUILTIN
+        return self.spec in BUILTINS
 
     @property
     def label(self) -> str:
-        """The name every output carries: the builtin corpus says that it is code-heavy text."""
-        base = BUILTIN_LABEL if self.is_builtin else self.spec
+        """The name every output carries: a builtin corpus says what kind of text it is."""
+        base = BUILTINS[self.spec].label if self.is_builtin else self.spec
         if self.max_bytes is not None:
             base += f", first {self.max_bytes / MIB:.3g} MiB"
         return base
@@ -82,7 +93,7 @@ class Corpus:
     def files(self) -> list[Path]:
         """The files a path corpus reads, in the order it reads them (sorted)."""
         if self.is_builtin:
-            return list(_builtin_files())
+            return list(BUILTINS[self.spec].files())
         return _resolve(self.spec)
 
     def documents(
@@ -151,7 +162,7 @@ class Corpus:
 
     def _all_documents(self, skip: Callable[[NotText], None]) -> Iterator[str]:
         if self.is_builtin:
-            yield from _builtin_documents(self.max_document_bytes)
+            yield from BUILTINS[self.spec].documents(self.max_document_bytes)
             return
         for path in self.files():
             try:
@@ -183,8 +194,8 @@ def open_corpus(
 
 
 def default_max_bytes(spec: str | Path) -> int | None:
-    """The command line's default cap: all of a user's corpus, 8 MiB of the builtin one."""
-    return BUILTIN_MAX_BYTES if str(spec) == BUILTIN else None
+    """The command line's default cap: all of a user's corpus, 8 MiB of a builtin one."""
+    return BUILTIN_MAX_BYTES if str(spec) in BUILTINS else None
 
 
 def is_held_out(data: bytes, held_out: float) -> bool:
@@ -417,9 +428,8 @@ def _builtin_files() -> list[Path]:
     return sorted(found, key=lambda p: p.relative_to(root).as_posix())
 
 
-def _builtin_prose() -> Iterator[str]:
-    """pydoc's topics (the language reference), then the docstrings of the C modules compiled
-    into this interpreter, one document per topic or module."""
+def _pydoc_topics() -> Iterator[str]:
+    """pydoc's topics (the language reference), one document per topic."""
     try:
         from pydoc_data.topics import topics
     except ImportError:
@@ -427,6 +437,10 @@ def _builtin_prose() -> Iterator[str]:
     for key in sorted(topics):
         if topics[key].strip():
             yield topics[key]
+
+
+def _c_module_docs() -> Iterator[str]:
+    """The docstrings of the C modules compiled into this interpreter, one document each."""
     for name in sorted(sys.builtin_module_names):
         module = sys.modules.get(name)
         if module is None:
@@ -446,9 +460,221 @@ def _builtin_prose() -> Iterator[str]:
 
 
 def _builtin_documents(max_document_bytes: int) -> Iterator[str]:
-    yield from _builtin_prose()
+    yield from _pydoc_topics()
+    yield from _c_module_docs()
     for path in _builtin_files():
         try:
             yield from read_file(path, max_document_bytes=max_document_bytes)
         except NotText:
             continue  # a few test files are deliberately not UTF-8; skip them, deterministically
+
+
+# ---- the builtin prose corpus ---------------------------------------------------------------
+
+SHARE = Path("/usr/share")  # where a Unix system keeps its documentation (absent elsewhere)
+DOC_NAMES = ("readme", "news", "faq", "todo", "howto", "intro")  # /usr/share/doc names read
+DOC_SUFFIXES = (".txt", ".md", ".rst")
+MAN_SECTIONS = ("man1", "man5", "man7", "man8")  # commands, formats, overviews, admin
+MIN_LETTER_SHARE = 0.7  # below this share of letters and spaces a text is a table or data
+_TEST_DIRS = ("site-packages", "__pycache__", "test", "tests", "idlelib")
+
+
+@functools.cache
+def _prose_paths() -> dict[str, tuple[Path, ...]]:
+    """The files each file-backed prose source reads, sorted; missing roots give none."""
+    stdlib = _stdlib()
+    docs = [
+        p
+        for p in _walk(SHARE / "doc")
+        if _doc_name(p.name.removesuffix(".gz").lower()) and not p.is_symlink()
+    ]
+    licences = [p for p in _walk(SHARE / "common-licenses") if not p.is_symlink()]
+    licences += [p for p in (stdlib / "LICENSE.txt",) if p.is_file()]
+    man = [
+        p
+        for section in MAN_SECTIONS
+        for p in _walk(SHARE / "man" / section)
+        if p.name.endswith(".gz") and not p.is_symlink()
+    ]
+    packages = {
+        Path(p) for p in (sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"])
+    }
+    metadata = [m for root in sorted(packages) for m in sorted(root.glob("*.dist-info/METADATA"))]
+    code = [p for p in _builtin_files() if not set(p.relative_to(stdlib).parts) & set(_TEST_DIRS)]
+    return {
+        "docs": tuple(docs),
+        "licences": tuple(licences),
+        "man": tuple(man),
+        "packages": tuple(metadata),
+        "docstrings": tuple(code),
+    }
+
+
+def _walk(root: Path) -> list[Path]:
+    if not root.is_dir():
+        return []
+    found = [Path(d, f) for d, _, files in os.walk(root) for f in files]
+    return sorted(found, key=lambda p: p.relative_to(root).as_posix())
+
+
+def _doc_name(name: str) -> bool:
+    return name.startswith(DOC_NAMES) or name.endswith(DOC_SUFFIXES)
+
+
+def _prose_files() -> list[Path]:
+    return sorted({p for paths in _prose_paths().values() for p in paths})
+
+
+def _read_shipped(path: Path) -> str | None:
+    """A shipped file's text (gunzipped), or None when it is not UTF-8 text or not readable:
+    what a system ships is not the user's mistake, so it is skipped, not reported."""
+    try:
+        data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        text = data.decode("utf-8")
+    except (OSError, EOFError, zlib.error, gzip.BadGzipFile, UnicodeDecodeError):
+        return None
+    return None if "\x00" in text else text
+
+
+def _shipped(paths: Iterable[Path], convert: Callable[[str], str] = str) -> Iterator[str]:
+    for path in paths:
+        text = _read_shipped(path)
+        if text is not None:
+            yield convert(text)
+
+
+def _package_description(metadata: str) -> str:
+    """The body of a METADATA file (its long description: the package's README)."""
+    _, _, body = metadata.partition("\n\n")
+    return body
+
+
+def _docstrings(paths: Iterable[Path]) -> Iterator[str]:
+    """The docstrings of each module, class and function of a file, read by ``ast`` (never
+    imported: importing some standard modules has side effects), one document per file."""
+    for path in paths:
+        try:
+            tree = ast.parse(path.read_bytes())
+        except (SyntaxError, ValueError, OSError):
+            continue
+        kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+        docs = [ast.get_docstring(n) for n in ast.walk(tree) if isinstance(n, kinds)]
+        text = "\n\n".join(d for d in docs if d and d.strip())
+        if text:
+            yield text + "\n"
+
+
+_ROFF_TEXT_MACROS = {"SH", "SS", "B", "I", "BR", "RB", "IR", "RI", "BI", "IB", "SM", "SB", "IP"}
+_ROFF_BREAKS = {"PP", "LP", "P", "TP", "HP", "sp", "br", "SH", "SS", "IP"}
+_ROFF_GLYPHS = {"em": "--", "en": "-", "hy": "-", "bu": "*", "lq": '"', "rq": '"', "aq": "'"}
+_ROFF_ESCAPE = re.compile(
+    r"\\f(?:\[[^\]]*\]|\(..|.)"  # font changes
+    r"|\\\((..)"  # a named glyph: \(em
+    r"|\\\[([^\]]*)\]"  # a named glyph: \[em]
+    r"|\\\*(?:\[[^\]]*\]|\(..|.)"  # a string: \*(L"
+    r"|\\[sv]'?[-+]?\d+'?"  # size and vertical motion
+    r"|\\(.)"  # any other escaped character
+)
+
+
+def _roff_escape(m: re.Match) -> str:
+    glyph = m[1] or m[2]
+    if glyph is not None:
+        return _ROFF_GLYPHS.get(glyph, "")
+    char = m[3]
+    if char is None:
+        return ""
+    return {"-": "-", "e": "\\", " ": " ", "~": " ", "0": " "}.get(char, "")
+
+
+def _roff_text(source: str) -> str:
+    """The running text of a man page: macro lines reduced to their words (headings,
+    fonts), requests, comments and macro definitions dropped, escapes resolved."""
+    out: list[str] = []
+    defining = False
+    for line in source.splitlines():
+        if defining:
+            defining = line.strip() != ".."
+            continue
+        line = line.split('\\"', 1)[0]  # a comment runs to the end of its line
+        if line.startswith((".", "'")) and not line[1:].strip():
+            continue
+        if line.startswith((".", "'")):
+            name, _, args = line[1:].strip().partition(" ")
+            if name in ("de", "de1", "am"):
+                defining = True
+                continue
+            if name in _ROFF_BREAKS and out and out[-1]:
+                out.append("")
+            if name not in _ROFF_TEXT_MACROS:
+                continue
+            line = " ".join(word.strip('"') for word in args.split())
+        out.append(_ROFF_ESCAPE.sub(_roff_escape, line))
+    return "\n".join(out).strip() + "\n"
+
+
+def _is_prose(text: str) -> bool:
+    """Whether most of a text (its first 4k characters) is letters and spaces, not a table,
+    data or markup."""
+    head = text[:4096]
+    return bool(head) and len(_LETTERS_OR_SPACE.findall(head)) >= MIN_LETTER_SHARE * len(head)
+
+
+_LETTERS_OR_SPACE = re.compile(r"[^\W\d_]|\s")
+
+
+def _prose_sources() -> list[Iterator[str]]:
+    """Each prose source's documents: Python's reference, installed packages' descriptions,
+    the standard library's docstrings, and what /usr/share holds (docs, licences, man pages)."""
+    paths = _prose_paths()
+    return [
+        _pydoc_topics(),
+        _shipped(paths["packages"], _package_description),
+        _docstrings(paths["docstrings"]),
+        _shipped(paths["docs"]),
+        _shipped(paths["licences"]),
+        _shipped(paths["man"], _roff_text),
+    ]
+
+
+def _interleave(sources: Iterable[Iterator[str]]) -> Iterator[str]:
+    """Documents of all sources, next from the one that has given the fewest bytes, so that a
+    cap on the corpus takes a like share of each source."""
+    queue = [(0, i, it) for i, it in enumerate(sources)]
+    heapq.heapify(queue)
+    while queue:
+        given, i, it = heapq.heappop(queue)
+        text = next(it, None)
+        if text is not None:
+            yield text
+            heapq.heappush(queue, (given + len(text.encode("utf-8")), i, it))
+
+
+def _prose_documents(max_document_bytes: int) -> Iterator[str]:
+    """Prose documents, each at most ``max_document_bytes`` (cut at line ends), each text once."""
+    seen: set[bytes] = set()
+    for text in _interleave(_prose_sources()):
+        for piece in _read_text(io.StringIO(text), Path(PROSE), max_document_bytes):
+            digest = hashlib.blake2b(piece.encode("utf-8"), digest_size=16).digest()
+            if digest not in seen and _is_prose(piece):
+                seen.add(digest)
+                yield piece
+
+
+@dataclasses.dataclass(frozen=True)
+class Builtin:
+    """A corpus every machine makes from what it ships, named by a ``spec`` of its own."""
+
+    name: str  # the spec that names it
+    label: str  # what every output says it is
+    files: Callable[[], list[Path]]  # the files it reads (sorted)
+    documents: Callable[[int], Iterator[str]]  # its documents, given max_document_bytes
+
+
+BUILTINS: Mapping[str, Builtin] = {
+    b.name: b
+    for b in (
+        Builtin(BUILTIN, BUILTIN_LABEL, _builtin_files, _builtin_documents),
+        Builtin(PROSE, PROSE_LABEL, _prose_files, _prose_documents),
+    )
+}

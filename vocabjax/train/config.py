@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+from vocabjax.corpus import BUILTINS
 from vocabjax.errors import UserError
 from vocabjax.models import GPTConfig
 from vocabjax.outputs import atomic_write_json
@@ -38,8 +39,8 @@ BUILTIN_TRAIN_BYTES = 2 * 2**20  # the default cap on the builtin corpus: encode
 
 
 def default_max_bytes(spec: str) -> int | None:
-    """All of a user's corpus; 2 MiB of the builtin one (enough text for a minute's training)."""
-    return BUILTIN_TRAIN_BYTES if spec == "builtin" else None
+    """All of a user's corpus; 2 MiB of a builtin one (enough text for a minute's training)."""
+    return BUILTIN_TRAIN_BYTES if spec in BUILTINS else None
 
 
 def default_warmup(steps: int) -> int:
@@ -51,7 +52,7 @@ def default_warmup(steps: int) -> int:
 class CorpusSpec:
     """How the corpus was opened (``open_corpus`` arguments)."""
 
-    spec: str  # a path, glob or "builtin"
+    spec: str  # a path, glob or a builtin corpus ("builtin", "builtin-prose")
     field: str = "text"  # .jsonl field / .parquet column
     held_out: float = 0.1  # fraction of documents held out (by content hash)
     max_bytes: int | None = None  # read at most this much text before the split
