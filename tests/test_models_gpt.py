@@ -127,3 +127,14 @@ def test_bad_shapes_are_user_errors():
         m(ids(8, seq=SEQ + 1))
     with pytest.raises(UserError, match="must be a positive integer"):
         GPTConfig(GQA, max_vocab=0, max_seq=4)
+
+
+def test_the_small_preset_builds_with_the_weights_its_shape_counts():
+    from vocabjax.shapes import load_shape
+
+    small = load_shape("small")
+    assert 4e6 < small.n_nonembedding < 2e7 and small.source
+    config = GPTConfig(small, max_vocab=512, max_seq=16)
+    abstract = nnx.eval_shape(lambda: GPT(config, rngs=nnx.Rngs(0)))
+    _, params = Functional.of(abstract)
+    assert sum(int(np.prod(p.shape)) for p in params.values()) == config.n_params()

@@ -116,6 +116,10 @@ BUILTIN_SHAPES: Mapping[str, ModelShape] = {
         # Not a published model: small enough that `python cli.py train` with its defaults
         # measures three heads in about a minute on two CPU cores (0.39M non-embedding weights).
         _gpt("tiny", 128, 2, 4, source="vocabjax: the CPU-sized default of `train`"),
+        # Not a published model: the next scale up for quality studies on a CPU, 4.72M
+        # non-embedding weights (the low end of 5-20M, where a 2-core CPU still trains it in
+        # minutes; docs/training.md has its measured tokens/s).
+        _gpt("small", 256, 6, 4, source="vocabjax: a CPU-sized second scale for quality studies"),
         _gpt("gpt2-small", 768, 12, 12, native_vocab=50257, source="HF gpt2 config.json"),
         _gpt("gpt2-medium", 1024, 24, 16, native_vocab=50257, source="HF gpt2-medium config.json"),
         # Llama 3 family (HF meta-llama config.json: hidden_size, num_hidden_layers,
