@@ -217,8 +217,6 @@ class CostModel:
         self.w = float(BYTES_PER_ELEMENT[s.weight_dtype])
         self.k = float(BYTES_PER_ELEMENT[s.kv_dtype])
         self.a = float(BYTES_PER_ELEMENT[s.act_dtype])
-        # the ceilings at the profile's scalar efficiencies; a fitted table replaces them per op
-        self.peak = device.flops(s.weight_dtype) * device.compute_efficiency
         self.measured_unembed = MeasuredUnembed.from_profile(device, shape.d_model, s.weight_dtype)
         self.op_scale: Mapping[str, Any] = {}  # family -> time multiplier (see ``scaled``)
 
