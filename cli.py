@@ -818,28 +818,30 @@ _TRAIN_FIELDS = {  # option -> RunConfig field (corpus fields as corpus.<name>)
     "impl": "impl",
     "checkpoint_every": "checkpoint_every",
     "compute_dtype": "compute_dtype",
+    "init_from": "init_from",
+    "prune_to": "prune_to",
 }
 
 
 @main.command("train", context_settings=CONTEXT)
 @click.option(
     "--model",
-    default="tiny",
-    show_default=True,
-    help=f"Builtin shape ({', '.join(BUILTIN_SHAPES)}) or a .json/.toml shape.",
+    default=None,
+    help=f"Builtin shape ({', '.join(BUILTIN_SHAPES)}) or a .json/.toml shape [default: tiny; "
+    "the --init-from run's].",
 )
 @click.option(
     "--tokenizer",
     type=click.Path(file_okay=False),
-    help="Nested tokenizer directory (`tokenizer train`) [default: train one at the heads' "
-    "sizes into OUT/tokenizer].",
+    help="Nested tokenizer directory (`tokenizer train`), or a pruned one (`tokenizer prune`) "
+    "[default: train one at the heads' sizes into OUT/tokenizer].",
 )
 @click.option(
     "--heads",
     type=SizeList(VOCAB_RANGE),
-    default="1k,2k,4k",
-    show_default=True,
-    help="Head vocabulary sizes: tokenizer levels (or cut from its largest level).",
+    default=None,
+    help="Head vocabulary sizes: tokenizer levels (or cut from its largest level) "
+    "[default: 1k,2k,4k].",
 )
 @click.option(
     "--steps", type=Size(STEPS_RANGE), default=250, show_default=True, help="Optimizer steps."
@@ -877,9 +879,8 @@ _TRAIN_FIELDS = {  # option -> RunConfig field (corpus fields as corpus.<name>)
 @click.option(
     "--seq-len",
     type=Size(TOKENS_RANGE),
-    default=128,
-    show_default=True,
-    help="Tokens per window T.",
+    default=None,
+    help="Tokens per window T [default: 128; the --init-from run's].",
 )
 @click.option(
     "--batch",
@@ -920,9 +921,22 @@ _TRAIN_FIELDS = {  # option -> RunConfig field (corpus fields as corpus.<name>)
 @click.option(
     "--compute-dtype",
     type=click.Choice(["f32", "bf16"]),
-    default="f32",
-    show_default=True,
-    help="Matmul dtype (parameters and optimizer state stay f32).",
+    default=None,
+    help="Matmul dtype (parameters and optimizer state stay f32) [default: f32; the "
+    "--init-from run's].",
+)
+@click.option(
+    "--init-from",
+    type=click.Path(file_okay=False),
+    help="Start from this run (trained at a larger V): its embedding and head rows gathered "
+    "through the pruned tokenizer's id map, the rest copied (the paper's pruned initialisation).",
+)
+@click.option(
+    "--prune-to",
+    type=Size(VOCAB_RANGE),
+    help="With --init-from: the vocabulary to train at. Without --tokenizer, the run's "
+    "tokenizer is pruned to it on the corpus's train part (into OUT/tokenizer); with one, "
+    "--tokenizer is a `tokenizer prune` output of the run's tokenizer.",
 )
 @format_option
 @click.pass_context
@@ -937,16 +951,21 @@ def train_command(ctx, out, resume, fmt, **options):
             --steps 2000 --out runs/100m
         python cli.py train --out runs/100m --steps 4000 --resume
         python cli.py sweep --training runs/tiny/training.json --vocab 1k,2k,4k
+        python cli.py train --init-from runs/tiny --prune-to 2k --steps 100 --out runs/pruned
     """
     from click.core import ParameterSource
 
     from vocabjax.train import RunConfig, resume_config, train
 
-    if options["tokenizer"] is not None:
-        options["tokenizer"] = str(Path(options["tokenizer"]).absolute())
-    options["heads"] = tuple(sorted(options["heads"]))
+    for name in ("tokenizer", "init_from"):
+        if options[name] is not None:
+            options[name] = str(Path(options[name]).absolute())
+    if options["heads"] is not None:
+        options["heads"] = tuple(sorted(options["heads"]))
+    if options["model"] is not None:
+        options["model"] = load_shape(options["model"])
     settings = {
-        _TRAIN_FIELDS[name]: load_shape(value) if name == "model" else value
+        _TRAIN_FIELDS[name]: value
         for name, value in options.items()
         if not resume or ctx.get_parameter_source(name) != ParameterSource.DEFAULT
     }

@@ -145,3 +145,40 @@ def test_help_has_an_example():
     text = run("train", "--help").output
     assert "Example:" in text and "python cli.py train" in text
     assert "train" in run("--help").output
+
+
+def test_a_pruned_start_trains_at_the_small_vocabulary(trained, tmp_path):
+    out, _, _ = trained
+    new = tmp_path / "pruned"
+    args = ["--init-from", str(out), "--prune-to", "350", "--steps", "2", *SMALL]
+    result = run("train", *args, "--out", str(new), "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert [h["vocab"] for h in json.loads(result.stdout)["heads"]] == [350]
+    assert "embedding and head rows gathered by the pruned tokenizer's id map" in result.stderr
+    run_json = json.loads((new / "run.json").read_text())
+    assert run_json["init_from"] == str(out) and run_json["shape"]["name"] == "micro"
+    assert json.loads((new / "tokenizer" / "id_map.json").read_text())["source_vocab"] == 400
+
+
+def test_bad_pruned_starts_are_one_error_line(trained, tmp_path, tok_dir):
+    out, _, _ = trained
+    new = str(tmp_path / "new")
+    base = [*SMALL, "--init-from", str(out), "--out", new]
+    assert _error(*base, "--prune-to", "4k") == (
+        f"Error: --prune-to 4096 is larger than the largest head of --init-from {out} (400); "
+        "pruning only removes tokens"
+    )
+    assert _error(*base) == (
+        "Error: --init-from needs --prune-to: the vocabulary size to prune the run's to"
+    )
+    assert _error(*base, "--prune-to", "350", "--heads", "300,350") == (
+        "Error: give --heads or --prune-to, not both (a pruned run trains one head)"
+    )
+    other = tmp_path / "other-pruned"  # pruned from another tokenizer: tok_dir's 2000 level
+    pruning = ["tokenizer", "prune", "--tokenizer", tok_dir, "--vocab", "350", "--out", str(other)]
+    assert run(*pruning, "--corpus", "builtin", "--max-bytes", "64k").exit_code == 0
+    assert _error(*base, "--prune-to", "350", "--tokenizer", str(other)) == (
+        f"Error: --init-from {out}: its tokenizer is not the source of the pruned tokenizer "
+        f"--tokenizer {other} (it was pruned from 2000 tokens, the run's largest head has 400)"
+    )
+    assert not (tmp_path / "new").exists()

@@ -28,7 +28,7 @@ from vocabjax.profiles import (
     require,
     text,
 )
-from vocabjax.shapes import ModelShape, shape_from_mapping
+from vocabjax.shapes import BUILTIN_SHAPES, ModelShape, shape_from_mapping
 
 RUN_FILE = "run.json"
 RUN_KIND = "training_run"
@@ -36,6 +36,8 @@ TOKENIZER_DIR = "tokenizer"  # where an automatically trained tokenizer lives in
 
 Impl = Literal["auto", "xla", "chunked", "pallas"]
 BUILTIN_TRAIN_BYTES = 2 * 2**20  # the default cap on the builtin corpus: encodes in seconds
+DEFAULT_HEADS = (1024, 2048, 4096)
+DEFAULT_SHAPE = "tiny"
 
 
 def default_max_bytes(spec: str) -> int | None:
@@ -79,6 +81,7 @@ class RunConfig:
     seed: int = 0  # initial parameters and the order of the training windows
     tie_embeddings: bool = False  # W = the embedding table
     compute_dtype: Literal["f32", "bf16"] = "f32"  # matmul dtype (parameters stay f32)
+    init_from: str | None = None  # a run at a larger V whose parameters, gathered, start this one
     # Not part of the training maths (may change on --resume):
     impl: Impl = "auto"  # linear_cross_entropy implementation
     eval_tokens: int = 32768  # held-out tokens of the smallest head evaluated (same text for all)
@@ -115,13 +118,21 @@ class RunConfig:
             raise UserError(f"b1={self.b1} and b2={self.b2} must be in [0, 1)")
         if self.impl not in ("auto", "xla", "chunked", "pallas"):
             raise UserError(f"impl={self.impl!r} must be auto, xla, chunked or pallas")
+        if self.init_from is not None and len(heads) != 1:
+            raise UserError(
+                f"a run started from {{init_from}} trains one head, the pruned size; got "
+                f"{{heads}} {list(heads)}",
+                settings=["init_from", "heads"],
+            )
         object.__setattr__(self, "heads", heads)
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any]) -> RunConfig:
         """A run from settings named as ``resume_config`` takes them (fields, corpus fields as
         ``corpus.spec``, ``corpus.max_bytes``, ...). ``warmup`` and ``corpus.max_bytes`` of
-        None take their defaults for the steps and the corpus."""
+        None take their defaults for the steps and the corpus; ``prune_to`` V is ``heads``
+        (V,) of a run started from ``init_from``, whose model fields left None (``shape``,
+        ``seq_len``, ``compute_dtype``, ``tie_embeddings``) are that run's."""
         top = {k: v for k, v in settings.items() if not k.startswith("corpus.")}
         corpus = {
             k.removeprefix("corpus."): v for k, v in settings.items() if k.startswith("corpus.")
@@ -130,6 +141,28 @@ class RunConfig:
             corpus["max_bytes"] = default_max_bytes(corpus["spec"])
         if top.get("warmup") is None:
             top["warmup"] = default_warmup(top["steps"])
+        prune_to = top.pop("prune_to", None)
+        if prune_to is not None:
+            if top.get("heads") not in (None, (prune_to,)):
+                raise UserError(
+                    "give {heads} or {prune_to}, not both (a pruned run trains one head)",
+                    settings=["heads", "prune_to"],
+                )
+            top["heads"] = (prune_to,)
+        if top.get("heads") is None:
+            if top.get("init_from"):
+                raise UserError(
+                    "{init_from} needs {prune_to}: the vocabulary size to prune the run's to",
+                    settings=["init_from", "prune_to"],
+                )
+            top["heads"] = DEFAULT_HEADS
+        source = source_run(top["init_from"]) if top.get("init_from") else None
+        for name in ("shape", "seq_len", "compute_dtype", "tie_embeddings"):
+            if top.get(name) is None:
+                top.pop(name, None)
+                if source is not None:
+                    top[name] = getattr(source, name)
+        top.setdefault("shape", BUILTIN_SHAPES[DEFAULT_SHAPE])
         return cls(corpus=CorpusSpec(**corpus), **top)
 
     @property
@@ -221,6 +254,7 @@ _RUN_FIELDS: dict[str, Callable[[Any, str], Any]] = {
         lambda value, where: number(value, where=where),
     ),
     "tie_embeddings": lambda value, where: boolean(value, where=where),
+    "init_from": lambda value, where: None if value is None else text(value, where=where),
     "compute_dtype": lambda value, where: one_of(value, ("f32", "bf16"), where=where),
     "impl": lambda value, where: one_of(value, ("auto", "xla", "chunked", "pallas"), where=where),
 }
@@ -244,3 +278,13 @@ def write_run(run_dir: str | Path, config: RunConfig) -> Path:
 def read_run(run_dir: str | Path) -> RunConfig:
     path = Path(run_dir) / RUN_FILE
     return RunConfig.from_json(load_json(path, RUN_KIND), where=str(path))
+
+
+def source_run(run_dir: str | Path) -> RunConfig:
+    """The configuration of the run ``init_from`` names."""
+    if not (Path(run_dir) / RUN_FILE).is_file():
+        raise UserError(
+            f"{{init_from}} {run_dir} holds no {RUN_FILE}: give a run directory written by train",
+            settings=["init_from"],
+        )
+    return read_run(run_dir)

@@ -19,7 +19,7 @@ from tokenizers import Tokenizer
 
 from vocabjax.corpus import Corpus, batches
 from vocabjax.errors import UserError
-from vocabjax.vocab import MANIFEST, NestedBPE, cut_level, load_tokenizers, minimum_vocab
+from vocabjax.vocab import ID_MAP, MANIFEST, NestedBPE, cut_level, load_tokenizers, minimum_vocab
 from vocabjax.vocab.bpe import from_json
 from vocabjax.vocab.load import bytes_to_unicode, read_manifest
 
@@ -61,6 +61,12 @@ def token_bytes(data: Mapping[str, Any], *, where: str) -> np.ndarray:
     return out
 
 
+def specials_of(data: Mapping[str, Any]) -> list[str]:
+    """The special tokens of a tokenizer.json dict, in id order (a level has no manifest)."""
+    added = sorted(data.get("added_tokens", []), key=lambda t: t["id"])
+    return [t["content"] for t in added if t.get("special")]
+
+
 def head_tokenizer(data: Mapping[str, Any], specials: Sequence[str], *, where: str):
     tokenizer = from_json(data, where=where)
     tokenizer.encode_special_tokens = True  # "<|endoftext|>" in the text is text
@@ -85,18 +91,24 @@ def check_heads(heads: Sequence[int], largest: int, specials: Sequence[str], whe
 
 
 def tokenizers_from_dir(directory: str | Path, heads: Sequence[int]) -> list[HeadTokenizer]:
-    """Each head's level from a nested tokenizer directory (``tokenizer train``'s output); a
-    head that is not a level is cut from the largest level by token id."""
+    """Each head's level from a nested tokenizer directory (``tokenizer train``'s output) or a
+    pruned one (``tokenizer prune``'s: one level); a head that is not a level is cut from the
+    largest level by token id."""
     path = Path(directory)
     if not path.is_dir():
         raise UserError(f"tokenizer directory {str(path)!r} does not exist")
-    if not (path / MANIFEST).is_file():
+    if (path / ID_MAP).is_file() and (path / "tokenizer.json").is_file():
+        (level,) = load_tokenizers(path)
+        specials = specials_of(level.to_json())
+        levels = {level.vocab: level}
+    elif (path / MANIFEST).is_file():
+        specials = [str(s) for s in read_manifest(path).get("specials", [])]
+        levels = {t.vocab: t for t in load_tokenizers(path)}
+    else:
         raise UserError(
             f"{path} holds no {MANIFEST}: give a directory written by "
-            "`python cli.py tokenizer train`"
+            "`python cli.py tokenizer train` (or `tokenizer prune`)"
         )
-    specials = [str(s) for s in read_manifest(path).get("specials", [])]
-    levels = {t.vocab: t for t in load_tokenizers(path)}
     largest = max(levels)
     check_heads(heads, largest, specials, str(path))
     out = []

@@ -17,7 +17,7 @@ import datetime
 import os
 import platform
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from vocabjax.train.data import (
     tokenizers_from_nested,
 )
 from vocabjax.train.evaluate import heldout_bpb, throughput
+from vocabjax.train.pruned import check_pruned, gather, load_source, prune_source
 from vocabjax.train.steps import (
     Functional,
     Params,
@@ -50,7 +51,7 @@ from vocabjax.train.steps import (
     optimizer,
 )
 from vocabjax.trainprofile import TrainingProfile
-from vocabjax.vocab import NestedBPE, save_nested, train_nested
+from vocabjax.vocab import NestedBPE, Pruned, save_nested, train_nested, write_pruned
 
 TRAINING_FILE = "training.json"
 RECENT = 20  # the reported train loss is the mean over this many last steps
@@ -119,6 +120,8 @@ def resume_config(run_dir: str | Path, given: Mapping[str, Any]) -> RunConfig:
     stored = _stored_run(run_dir)
     changes: dict[str, Any] = {}
     for key, value in given.items():
+        if key == "prune_to":  # a pruned run's one head
+            key, value = "heads", (value,)
         if key.startswith("corpus."):
             have = getattr(stored.corpus, key.removeprefix("corpus."))
         else:
@@ -225,6 +228,7 @@ class _Session:
     log: Progress
     corpus: Corpus
     nested: NestedBPE | None  # a tokenizer trained by this run, saved with the first checkpoint
+    pruned: tuple[Pruned, dict[str, Any]] | None  # a tokenizer this run pruned (and its map)
     heads: list[HeadTokenizer]
     windows: list[Windows]
     heldout: Streams
@@ -242,8 +246,19 @@ class _Session:
     def prepare(cls, config: RunConfig, run_dir: Path, *, resume: bool, log: Progress):
         c = config.corpus
         corpus = open_corpus(c.spec, field=c.field, held_out=c.held_out, max_bytes=c.max_bytes)
-        nested = None
-        if config.tokenizer is None:
+        # A resumed run holds its parameters: only a fresh pruned start reads its source.
+        fresh = not resume or load_checkpoint(run_dir) is None
+        source = load_source(config) if config.init_from is not None and fresh else None
+        nested = pruned = None
+        new_to_old: Sequence[int] = ()
+        if config.tokenizer is None and source is not None:
+            *pruned, head = prune_source(
+                source, corpus.texts("train"), config.heads[0],
+                corpus=corpus.describe("train"), progress=log,
+            )  # fmt: skip
+            heads, new_to_old = [head], pruned[0].new_to_old
+            config = dataclasses.replace(config, tokenizer=TOKENIZER_DIR)
+        elif config.tokenizer is None:
             log(
                 f"no tokenizer given: training a nested BPE at {', '.join(map(str, config.heads))} "
                 f"on {corpus.describe('train')}, to be saved in {run_dir / TOKENIZER_DIR}"
@@ -253,6 +268,9 @@ class _Session:
             config = dataclasses.replace(config, tokenizer=TOKENIZER_DIR)
         else:
             heads = tokenizers_from_dir(config.tokenizer_path(run_dir), config.heads)
+            if source is not None:
+                id_map = check_pruned(source, heads[0], config.tokenizer_path(run_dir))
+                new_to_old = id_map.new_to_old
         log(f"corpus: {corpus.label}")
         windows, train_streams, heldout = load_data(
             corpus,
@@ -264,6 +282,13 @@ class _Session:
             progress=log,
         )
         fn, params = init_params(config)
+        if source is not None:
+            params = gather(source, config, params, new_to_old)
+            log(
+                f"starting from {source.run_dir} (V = {source.config.max_vocab}) at V = "
+                f"{config.heads[0]}: embedding and head rows gathered by the pruned tokenizer's "
+                "id map, every other parameter copied"
+            )
         tx = optimizer(config)
         session = cls(
             config=config,
@@ -271,6 +296,7 @@ class _Session:
             log=log,
             corpus=corpus,
             nested=nested,
+            pruned=tuple(pruned) if pruned else None,
             heads=heads,
             windows=windows,
             heldout=heldout,
@@ -333,6 +359,8 @@ class _Session:
                     corpus=self.corpus.describe("train"),
                     source=f"train --heads {','.join(map(str, cfg.heads))}",
                 )
+            if self.pruned is not None:
+                write_pruned(self.run_dir / TOKENIZER_DIR, *self.pruned)
             self.written = True
         write_run(self.run_dir, cfg)
         meta = {

@@ -32,17 +32,22 @@ from vocabjax.vocab.nested import (
 )
 from vocabjax.vocab.prune import (
     ID_MAP,
+    IdMap,
     Pruned,
     check_prune_out,
     count_usage,
     prune,
+    prune_texts,
     prune_to_dir,
+    read_id_map,
+    write_pruned,
 )
 
 __all__ = [
     "BYTE_ALPHABET",
     "DEFAULT_SPECIALS",
     "ID_MAP",
+    "IdMap",
     "MANIFEST",
     "CompressionPoint",
     "LoadedTokenizer",
@@ -61,9 +66,12 @@ __all__ = [
     "measure",
     "minimum_vocab",
     "prune",
+    "prune_texts",
     "prune_to_dir",
     "ratio_ci95",
+    "read_id_map",
     "read_manifest",
     "save_nested",
     "train_nested",
+    "write_pruned",
 ]

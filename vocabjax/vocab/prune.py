@@ -21,6 +21,7 @@ from tokenizers import Tokenizer
 from vocabjax.corpus import batches
 from vocabjax.errors import UserError
 from vocabjax.outputs import SCHEMA, atomic_directory, atomic_write_json, check_output_dir
+from vocabjax.profiles import a_list, integer, load_json, require, text
 from vocabjax.vocab.bpe import (
     BYTE_ALPHABET,
     bpe_model,
@@ -205,6 +206,51 @@ def check_prune_out(
     )
 
 
+def prune_texts(
+    source: LoadedTokenizer,
+    texts: Iterable[str],
+    vocab: int,
+    *,
+    corpus: str,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[Pruned, dict[str, Any]]:
+    """Count use on ``texts`` and prune ``source`` to ``vocab`` tokens: the pruning and its id
+    map's metadata (what ``write_pruned`` records beside ``new_to_old``)."""
+    data = source.to_json()
+    # Check sizes before reading the corpus, so a bad size fails at once.
+    bpe_model(data, where=source.path)
+    if vocab > source.vocab:
+        raise UserError(
+            f"{{vocab}} {vocab} is above the source's {source.vocab} tokens ({source.path}); "
+            "pruning only removes tokens",
+            settings=["vocab"],
+        )
+    counts = count_usage(source.tokenizer, texts, progress=progress)
+    pruned = prune(data, counts, vocab, where=source.path)
+    meta = {
+        "schema": SCHEMA,
+        "kind": PRUNE_KIND,
+        "source": source.path,
+        "source_vocab": source.vocab,
+        "vocab": vocab,
+        "corpus": corpus,
+        "corpus_tokens": int(counts.sum()),
+        "kept_by_use": pruned.kept_by_use,
+        "kept_to_fill": pruned.kept_to_fill,
+        "merges": len(pruned.data["model"]["merges"]),
+    }
+    return pruned, meta
+
+
+def write_pruned(out: str | os.PathLike, pruned: Pruned, meta: Mapping[str, Any]) -> None:
+    """``out/tokenizer.json`` (+ ``tokenizer_config.json``) and ``out/id_map.json``, atomically."""
+    with atomic_directory(out) as tmp:
+        tokenizer = write_level(Path(tmp), pruned.data, where=f"pruned {meta['source']}")
+        if tokenizer.get_vocab_size(with_added_tokens=True) != meta["vocab"]:
+            raise RuntimeError("the pruned tokenizer does not have the requested size")
+        atomic_write_json(Path(tmp) / ID_MAP, {**meta, "new_to_old": pruned.new_to_old})
+
+
 def prune_to_dir(
     source: LoadedTokenizer,
     texts: Iterable[str],
@@ -220,32 +266,37 @@ def prune_to_dir(
     ``out`` is checked as ``check_prune_out`` does. Returns the id map's metadata (without the
     map)."""
     check_prune_out(out, source=source.path, force=force)
-    data = source.to_json()
-    # Check sizes before reading the corpus, so a bad --vocab fails at once.
-    bpe_model(data, where=source.path)
-    if vocab > source.vocab:
-        raise UserError(
-            f"{{vocab}} {vocab} is above the source's {source.vocab} tokens ({source.path}); "
-            "pruning only removes tokens",
-            settings=["vocab"],
-        )
-    counts = count_usage(source.tokenizer, texts, progress=progress)
-    pruned = prune(data, counts, vocab, where=source.path)
-    with atomic_directory(out) as tmp:
-        tokenizer = write_level(Path(tmp), pruned.data, where=f"pruned {source.path}")
-        if tokenizer.get_vocab_size(with_added_tokens=True) != vocab:
-            raise RuntimeError("the pruned tokenizer does not have the requested size")
-        meta = {
-            "schema": SCHEMA,
-            "kind": PRUNE_KIND,
-            "source": source.path,
-            "source_vocab": source.vocab,
-            "vocab": vocab,
-            "corpus": corpus,
-            "corpus_tokens": int(counts.sum()),
-            "kept_by_use": pruned.kept_by_use,
-            "kept_to_fill": pruned.kept_to_fill,
-            "merges": len(pruned.data["model"]["merges"]),
-        }
-        atomic_write_json(Path(tmp) / ID_MAP, {**meta, "new_to_old": pruned.new_to_old})
+    pruned, meta = prune_texts(source, texts, vocab, corpus=corpus, progress=progress)
+    write_pruned(out, pruned, meta)
     return meta
+
+
+@dataclasses.dataclass(frozen=True)
+class IdMap:
+    """``id_map.json``: how a pruned tokenizer's ids map to its source's."""
+
+    new_to_old: tuple[int, ...]  # pruned id -> source id, increasing
+    vocab: int  # the pruned tokenizer's size (len(new_to_old))
+    source: str  # the source tokenizer's file, as the pruning named it
+    source_vocab: int  # the source's size: every source id is below it
+
+
+def read_id_map(directory: str | os.PathLike) -> IdMap:
+    """The id map of a directory ``tokenizer prune`` wrote; a missing or inconsistent one is
+    one UserError naming the file."""
+    path = Path(directory) / ID_MAP
+    data = load_json(path, PRUNE_KIND)
+    where = str(path)
+    require(data, ("new_to_old", "vocab", "source", "source_vocab"), where=where)
+    source_vocab = integer(data["source_vocab"], where=f"{where}: source_vocab", minimum=1)
+    vocab = integer(data["vocab"], where=f"{where}: vocab", minimum=1)
+    new_to_old = tuple(
+        integer(v, where=f"{where}: new_to_old[{i}]", minimum=0, maximum=source_vocab - 1)
+        for i, v in enumerate(a_list(data["new_to_old"], where=f"{where}: new_to_old"))
+    )
+    if len(new_to_old) != vocab or any(np.diff(new_to_old) <= 0):
+        raise UserError(
+            f"{where}: new_to_old must hold vocab={vocab} increasing source ids, "
+            f"found {len(new_to_old)}"
+        )
+    return IdMap(new_to_old, vocab, text(data["source"], where=f"{where}: source"), source_vocab)
