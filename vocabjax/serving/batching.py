@@ -43,7 +43,7 @@ SHRINK = 4  # regroup into a smaller bucket once at most 1/SHRINK of the rows ho
 def solo_key(seed: int) -> jax.Array:
     """The sampling key of a request that ``Engine.generate`` serves alone with ``seed``: its
     row 0's key, ``fold_in(key(seed), 0)``."""
-    return decode.row_keys(jax.random.key(seed), 1)[0]
+    return jax.random.fold_in(jax.random.key(seed), 0)
 
 
 def pow2_rows(n: int, max_rows: int) -> int:
@@ -128,6 +128,7 @@ class RunningBatch:
         self._rows: list[_Row | None] = []
         self._state: decode.Decoding | None = None
         self._keys_b: jax.Array | None = None
+        self._done = (0, 0)  # the carry's steps and tokens when the host last read them
 
     @property
     def rows(self) -> int:
@@ -199,12 +200,13 @@ class RunningBatch:
             donate=(0, 1),
         )
         self._state, self._keys_b = join(*args)
-        nats = [None] * n if nats_n is None else [float(x) for x in np.asarray(nats_n)[:n]]
+        nats_n, counts = jax.device_get((nats_n, self._counts()))  # one wait for the device
+        nats = [None] * n if nats_n is None else [float(x) for x in nats_n[:n]]
         joined = []
         for r, j, nll in zip(free, joining, nats, strict=True):
             self._rows[r] = _Row(j.tag, len(j.ids))
             joined.append(Joined(j.tag, len(j.ids), nll))
-        finished = self._collect()
+        finished = self._collect(counts)
         compiled += compile_p + compile_j
         seconds = time.perf_counter() - started - compiled
         calls.append(
@@ -227,11 +229,11 @@ class RunningBatch:
             args,
             donate=(1,),
         )
-        before = (int(self._state.steps), int(self._state.produced))
         self._state = steps(*args)
-        finished = self._collect()
-        ran = int(self._state.steps) - before[0]
-        tokens = int(self._state.produced) - before[1]
+        before = self._done
+        counts = jax.device_get(self._counts())
+        finished = self._collect(counts)
+        ran, tokens = (int(x) - y for x, y in zip(counts[:2], before, strict=True))
         seconds = time.perf_counter() - started - compiled
         call = Call("steps", self.head, self.rows, running, seconds, compiled, ran, tokens)
         return finished, [call, *self._shrink()]
@@ -243,11 +245,11 @@ class RunningBatch:
         params = self.engine.run.params
         empty, compiled = self.engine.function(
             ("empty", self.head, rows),
-            functools.partial(decode.empty, self.config, rows=rows),
+            functools.partial(_empty, self.config, rows=rows),
             (params,),
         )
-        self._state = empty(params)
-        self._keys_b = decode.row_keys(jax.random.key(0), rows)  # replaced as rows join
+        self._state, self._keys_b = empty(params)
+        self._done = (0, 0)
         self._rows = [None] * rows
         return compiled
 
@@ -274,10 +276,17 @@ class RunningBatch:
         smaller = pow2_rows(live, self.max_rows)
         return [self._regroup(smaller)] if SHRINK * live <= self.rows else []
 
-    def _collect(self) -> list[Finished]:
-        """The held requests whose rows have stopped; their rows become free."""
+    def _counts(self) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """What the host reads after a call: the steps and tokens so far, each row's stop."""
         assert self._state is not None
-        stop_b = np.asarray(self._state.stop_b)
+        return self._state.steps, self._state.produced, self._state.stop_b
+
+    def _collect(self, counts: tuple[np.ndarray, np.ndarray, np.ndarray]) -> list[Finished]:
+        """The held requests whose rows have stopped (``counts``: fetched ``_counts``); their
+        rows become free."""
+        assert self._state is not None
+        steps, produced, stop_b = counts
+        self._done = (int(steps), int(produced))
         done = [
             r
             for r, row in enumerate(self._rows)
@@ -286,8 +295,7 @@ class RunningBatch:
         if not done:
             return []
         check_finite(stop_b[done])
-        n_b = np.asarray(self._state.n_b)
-        out_bs = np.asarray(self._state.out_bs)
+        n_b, out_bs = jax.device_get((self._state.n_b, self._state.out_bs))
         finished = []
         for r in done:
             row = self._rows[r]
@@ -302,3 +310,8 @@ def _regrouped(
     state: decode.Decoding, keys_b: jax.Array, index_r: jax.Array, real_r: jax.Array
 ) -> tuple[decode.Decoding, jax.Array]:
     return decode.take_rows(state, index_r, real_r), jnp.take(keys_b, index_r, axis=0)
+
+
+def _empty(config: decode.DecodeConfig, params, *, rows: int) -> tuple[decode.Decoding, jax.Array]:
+    """An empty carry of ``rows`` rows and stand-in row keys (each replaced as a row joins)."""
+    return decode.empty(config, params, rows=rows), decode.row_keys(jax.random.key(0), rows)

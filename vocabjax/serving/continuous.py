@@ -121,9 +121,9 @@ class Continuous:
             b_max=plan.b_max[head],
             kv_budget=plan.kv_budget,
         )
-        if wait == "memory":
-            self._wait_for_memory(list(self.waiting)[n:], head, need[n], alone=n == 0)
         if n == 0:
+            if wait == "memory":
+                self._wait_for_memory(list(self.waiting), head, need[0], alone=True)
             return
         admitted = [self.waiting.popleft() for _ in range(n)]
         k = len(self.record.batches)
@@ -166,6 +166,8 @@ class Continuous:
                 kv_bytes=self.kv_bytes,
             )
         )
+        if wait == "memory":  # said once the others have joined: what they hold
+            self._wait_for_memory(list(self.waiting), head, need[n], alone=False)
         self._finish(finished)
         if (k + 1) % config.progress_every == 0:
             self.log(self.record.progress_line(len(self.queue), self.now))
