@@ -820,6 +820,8 @@ _TRAIN_FIELDS = {  # option -> RunConfig field (corpus fields as corpus.<name>)
     "compute_dtype": "compute_dtype",
     "init_from": "init_from",
     "prune_to": "prune_to",
+    "heads_kind": "heads_kind",
+    "align_weight": "align_weight",
 }
 
 
@@ -924,6 +926,23 @@ _TRAIN_FIELDS = {  # option -> RunConfig field (corpus fields as corpus.<name>)
     default=None,
     help="Matmul dtype (parameters and optimizer state stay f32) [default: f32; the "
     "--init-from run's].",
+)
+@click.option(
+    "--heads-kind",
+    type=click.Choice(["nested", "separate"]),
+    default="nested",
+    show_default=True,
+    help="nested: each head is a prefix W[:V] of one matrix; separate: one matrix per head on "
+    "the shared backbone.",
+)
+@click.option(
+    "--align-weight",
+    type=Float(0.0),
+    default=0.0,
+    show_default=True,
+    help="With --heads-kind separate: weight of the loss that pulls the heads' rows of the same "
+    "token together (their relative squared distance, averaged over pairs of heads; 0 equal, "
+    "about 2 unrelated), added to the mean cross-entropy.",
 )
 @click.option(
     "--init-from",

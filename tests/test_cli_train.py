@@ -182,3 +182,12 @@ def test_bad_pruned_starts_are_one_error_line(trained, tmp_path, tok_dir):
         f"--tokenizer {other} (it was pruned from 2000 tokens, the run's largest head has 400)"
     )
     assert not (tmp_path / "new").exists()
+
+
+def test_an_alignment_weight_without_separate_heads_is_one_error_line(tmp_path, model_file):
+    new = str(tmp_path / "new")
+    assert _error("--model", model_file, *SMALL, "--align-weight", "0.5", "--out", new) == (
+        "Error: --align-weight aligns separate heads; nested heads share their rows already "
+        "(give --heads-kind separate)"
+    )
+    assert not (tmp_path / "new").exists()

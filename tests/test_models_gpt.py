@@ -138,3 +138,58 @@ def test_the_small_preset_builds_with_the_weights_its_shape_counts():
     abstract = nnx.eval_shape(lambda: GPT(config, rngs=nnx.Rngs(0)))
     _, params = Functional.of(abstract)
     assert sum(int(np.prod(p.shape)) for p in params.values()) == config.n_params()
+
+
+SEPARATE = (257, 280, VOCAB)
+
+
+def test_separate_heads_are_their_own_matrices_and_nested_stays_the_default():
+    m = model(heads_kind="separate", heads=SEPARATE)
+    fn, params = Functional.of(m)
+    names = {n for n in params if n.startswith("heads.")}
+    assert names == {"heads.0.value", "heads.1.value", "heads.2.value"}
+    assert "unembed.value" not in params
+    for j, v in enumerate(SEPARATE):
+        assert params[f"heads.{j}.value"].shape == (v, GQA.d_model)
+        np.testing.assert_array_equal(np.asarray(m.head(v)), np.asarray(params[f"heads.{j}.value"]))
+    assert sum(int(np.prod(p.shape)) for p in params.values()) == m.config.n_params()
+    with pytest.raises(UserError, match=r"head vocab=263 is not one of the separate heads"):
+        m.head(263)
+    with pytest.raises(UserError, match="cannot be tied"):
+        GPTConfig(GQA, max_vocab=VOCAB, max_seq=SEQ, heads_kind="separate", heads=SEPARATE,
+                  tie_embeddings=True)  # fmt: skip
+    with pytest.raises(UserError, match=r"must be increasing and end at max_vocab=301"):
+        GPTConfig(GQA, max_vocab=VOCAB, max_seq=SEQ, heads_kind="separate", heads=(257, 300))
+    # Nested is the default, and its parameters are what they were: one W, no per-head matrix.
+    nested = model()
+    assert nested.config.heads_kind == "nested" and nested.config.heads == ()
+    _, nested_params = Functional.of(nested)
+    assert "unembed.value" in nested_params and not any(
+        n.startswith("heads.") for n in nested_params
+    )
+    assert float(nested.alignment()) == 0.0
+
+
+def test_alignment_measures_the_shared_rows_and_its_gradient_reaches_every_head():
+    m = model(heads_kind="separate", heads=SEPARATE)
+    fn, params = Functional.of(m)
+    w = [np.asarray(params[f"heads.{j}.value"], np.float64) for j in range(3)]
+    expected = []
+    for i in range(3):
+        for j in range(i + 1, 3):
+            shared = w[j][: SEPARATE[i]]
+            size = 0.5 * ((shared**2).sum() + (w[i] ** 2).sum())
+            expected.append(((shared - w[i]) ** 2).sum() / size)
+    assert float(m.alignment()) == pytest.approx(np.mean(expected), rel=1e-5)
+    assert 1.8 < float(m.alignment()) < 2.2  # independent draws: about 2
+    grads = jax.grad(lambda p: fn.model(p).alignment())(params)
+    for j in range(len(SEPARATE)):
+        g = np.asarray(grads[f"heads.{j}.value"])
+        assert np.abs(g).max() > 0, j
+        if j < 2:  # the largest head shares its first rows only; a smaller head, every row
+            assert (np.abs(g).max(axis=1) > 0).all(), j
+    # Heads whose shared rows agree are aligned: the nested limit.
+    aligned = dict(params)
+    for j in range(2):
+        aligned[f"heads.{j}.value"] = params["heads.2.value"][: SEPARATE[j]]
+    assert float(fn.model(aligned).alignment()) == pytest.approx(0.0, abs=1e-12)

@@ -15,6 +15,9 @@ SwiGLU (``shape.glu``) or GELU MLP, no biases, no dropout, and a final RMSNorm.
 Nested heads (DESIGN.md): one token embedding table of ``max_vocab`` rows serves every level
 (level V_j's ids are all < V_j), and one unembedding matrix ``W`` (max_vocab x D) whose prefix
 ``W[:V_j]`` is the head of level V_j. ``W`` is its own matrix unless ``tie_embeddings``.
+Separate heads (``heads_kind="separate"``, the paper's Improvement 7): the same backbone and
+embedding, and one matrix ``W_j`` (V_j x D) per head size in ``heads``; :meth:`GPT.alignment`
+measures how far their shared rows (token ids < V_i in heads i < j) have drifted apart.
 The training loss goes through :func:`vocabjax.unembed.linear_cross_entropy`, so it never holds
 the N x V logits unless ``impl="xla"`` asks for them.
 
@@ -39,6 +42,8 @@ from vocabjax.shapes import ModelShape
 from vocabjax.unembed import Impl, linear_cross_entropy
 
 ComputeDtype = Literal["f32", "bf16"]
+HeadsKind = Literal["nested", "separate"]
+HEADS_KINDS: tuple[str, ...] = ("nested", "separate")
 _DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
 INIT_STD = 0.02  # GPT-2's initialiser range
 
@@ -56,6 +61,8 @@ class GPTConfig:
     tie_embeddings: bool = False  # use the embedding table as W (one V x D matrix fewer)
     compute_dtype: ComputeDtype = "f32"  # matmul dtype; parameters stay float32
     norm_eps: float = 1e-5  # RMSNorm epsilon
+    heads_kind: HeadsKind = "nested"  # prefixes W[:V] of one matrix, or one matrix per head
+    heads: tuple[int, ...] = ()  # the head sizes of separate heads (the last is max_vocab)
 
     def __post_init__(self) -> None:
         for field in ("max_vocab", "max_seq"):
@@ -64,6 +71,18 @@ class GPTConfig:
                 raise UserError(f"{field}={value!r} must be a positive integer")
         if self.compute_dtype not in _DTYPES:
             raise UserError(f"compute_dtype={self.compute_dtype!r} must be f32 or bf16")
+        if self.heads_kind not in HEADS_KINDS:
+            raise UserError(f"heads_kind={self.heads_kind!r} must be nested or separate")
+        if self.heads_kind == "separate":
+            heads = tuple(self.heads)
+            if not heads or list(heads) != sorted(set(heads)) or heads[-1] != self.max_vocab:
+                raise UserError(
+                    f"separate heads={list(heads)} must be increasing and end at "
+                    f"max_vocab={self.max_vocab}"
+                )
+            if self.tie_embeddings:
+                raise UserError("separate heads are their own matrices: they cannot be tied")
+            object.__setattr__(self, "heads", heads)
 
     @property
     def dtype(self):
@@ -73,7 +92,10 @@ class GPTConfig:
         """Every weight: backbone, norms, positions, embedding and (untied) W."""
         s = self.shape
         norms = (2 * s.n_layers + 1) * s.d_model
-        tables = (1 if self.tie_embeddings else 2) * self.max_vocab * s.d_model
+        unembed = 0 if self.tie_embeddings else self.max_vocab
+        if self.heads_kind == "separate":
+            unembed = sum(self.heads)
+        tables = (self.max_vocab + unembed) * s.d_model
         return s.n_nonembedding + norms + self.max_seq * s.d_model + tables
 
 
@@ -221,7 +243,8 @@ class Block(nnx.Module):
 
 
 class GPT(nnx.Module):
-    """The backbone plus the nested heads ``W[:V]`` for every V <= ``config.max_vocab``."""
+    """The backbone plus the nested heads ``W[:V]`` for every V <= ``config.max_vocab``, or one
+    matrix per head of ``config.heads`` when they are separate."""
 
     def __init__(self, config: GPTConfig, *, rngs: nnx.Rngs) -> None:
         s = config.shape
@@ -230,7 +253,11 @@ class GPT(nnx.Module):
         self.pos = _normal(rngs, (config.max_seq, s.d_model), INIT_STD)
         self.blocks = _ModuleList([Block(config, rngs=rngs) for _ in range(s.n_layers)])
         self.final_norm = RMSNorm(s.d_model, config.norm_eps)
-        if not config.tie_embeddings:
+        if config.heads_kind == "separate":
+            self.heads = _ModuleList(
+                [_normal(rngs, (v, s.d_model), INIT_STD) for v in config.heads]
+            )
+        elif not config.tie_embeddings:
             self.unembed = _normal(rngs, (config.max_vocab, s.d_model), INIT_STD)
 
     def __call__(self, ids_bt: jax.Array) -> jax.Array:
@@ -284,11 +311,35 @@ class GPT(nnx.Module):
         return self.final_norm(x_btd), tuple(out)
 
     def head(self, vocab: int) -> jax.Array:
-        """W_vd of the head of size ``vocab``: the first ``vocab`` rows of the one matrix."""
-        if not 0 < vocab <= self.config.max_vocab:
-            raise UserError(f"head {vocab=} must be in 1..max_vocab={self.config.max_vocab}")
-        w = self.embed if self.config.tie_embeddings else self.unembed
-        return w[...][:vocab].astype(self.config.dtype)
+        """W_vd of the head of size ``vocab``: the first ``vocab`` rows of the one matrix, or
+        that head's own matrix when heads are separate."""
+        c = self.config
+        if c.heads_kind == "separate":
+            if vocab not in c.heads:
+                raise UserError(f"head {vocab=} is not one of the separate heads {list(c.heads)}")
+            return self.heads[c.heads.index(vocab)][...].astype(c.dtype)
+        if not 0 < vocab <= c.max_vocab:
+            raise UserError(f"head {vocab=} must be in 1..max_vocab={c.max_vocab}")
+        w = self.embed if c.tie_embeddings else self.unembed
+        return w[...][:vocab].astype(c.dtype)
+
+    def alignment(self) -> jax.Array:
+        """How far separate heads have drifted apart: over every pair of heads i < j, the
+        squared distance between the rows they share, relative to their size,
+        ``|W_j[:V_i] - W_i|^2 / ((|W_j[:V_i]|^2 + |W_i|^2) / 2)``, averaged over pairs. 0 when
+        the shared rows are equal (nested heads always; a single head), about 2 for unrelated
+        rows (heads drawn independently)."""
+        c = self.config
+        if c.heads_kind != "separate" or len(c.heads) < 2:
+            return jnp.zeros((), jnp.float32)
+        w = [m[...] for m in self.heads]
+        pairs = []
+        for i in range(len(w)):
+            for j in range(i + 1, len(w)):
+                shared_vd = w[j][: c.heads[i]]
+                size = 0.5 * (jnp.sum(jnp.square(shared_vd)) + jnp.sum(jnp.square(w[i])))
+                pairs.append(jnp.sum(jnp.square(shared_vd - w[i])) / (size + 1e-12))
+        return jnp.mean(jnp.stack(pairs))
 
     def logits(self, h_btd: jax.Array, vocab: int) -> jax.Array:
         """Logits (B, T, vocab) of head ``vocab``, float32 (materialized: for tests and demos)."""

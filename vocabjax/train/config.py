@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from vocabjax.corpus import BUILTINS
 from vocabjax.errors import UserError
-from vocabjax.models import GPTConfig
+from vocabjax.models import HEADS_KINDS, GPTConfig, HeadsKind
 from vocabjax.outputs import atomic_write_json
 from vocabjax.profiles import (
     SCHEMA,
@@ -82,6 +82,8 @@ class RunConfig:
     tie_embeddings: bool = False  # W = the embedding table
     compute_dtype: Literal["f32", "bf16"] = "f32"  # matmul dtype (parameters stay f32)
     init_from: str | None = None  # a run at a larger V whose parameters, gathered, start this one
+    heads_kind: HeadsKind = "nested"  # prefixes W[:V] of one matrix, or one matrix per head
+    align_weight: float = 0.0  # weight of the separate heads' alignment loss (GPT.alignment)
     # Not part of the training maths (may change on --resume):
     impl: Impl = "auto"  # linear_cross_entropy implementation
     eval_tokens: int = 32768  # held-out tokens of the smallest head evaluated (same text for all)
@@ -118,6 +120,21 @@ class RunConfig:
             raise UserError(f"b1={self.b1} and b2={self.b2} must be in [0, 1)")
         if self.impl not in ("auto", "xla", "chunked", "pallas"):
             raise UserError(f"impl={self.impl!r} must be auto, xla, chunked or pallas")
+        if not (math.isfinite(self.align_weight) and self.align_weight >= 0):
+            raise UserError(f"align_weight={self.align_weight!r} must be a finite number >= 0")
+        if self.heads_kind not in HEADS_KINDS:
+            raise UserError(f"heads_kind={self.heads_kind!r} must be one of {HEADS_KINDS}")
+        if self.align_weight and self.heads_kind != "separate":
+            raise UserError(
+                "{align_weight} aligns separate heads; nested heads share their rows already "
+                "(give {heads_kind} separate)",
+                settings=["align_weight", "heads_kind"],
+            )
+        if self.heads_kind == "separate" and self.tie_embeddings:
+            raise UserError(
+                "separate heads are their own matrices: they cannot be tied to the embedding",
+                settings=["heads_kind", "tie_embeddings"],
+            )
         if self.init_from is not None and len(heads) != 1:
             raise UserError(
                 f"a run started from {{init_from}} trains one head, the pruned size; got "
@@ -177,6 +194,8 @@ class RunConfig:
             max_seq=self.seq_len,
             tie_embeddings=self.tie_embeddings,
             compute_dtype=self.compute_dtype,
+            heads_kind=self.heads_kind,
+            heads=self.heads if self.heads_kind == "separate" else (),
         )
 
     def tokenizer_path(self, run_dir: str | Path) -> Path:
@@ -255,6 +274,8 @@ _RUN_FIELDS: dict[str, Callable[[Any, str], Any]] = {
     ),
     "tie_embeddings": lambda value, where: boolean(value, where=where),
     "init_from": lambda value, where: None if value is None else text(value, where=where),
+    "heads_kind": lambda value, where: one_of(value, HEADS_KINDS, where=where),
+    "align_weight": lambda value, where: number(value, where=where),
     "compute_dtype": lambda value, where: one_of(value, ("f32", "bf16"), where=where),
     "impl": lambda value, where: one_of(value, ("auto", "xla", "chunked", "pallas"), where=where),
 }

@@ -111,9 +111,21 @@ def check_pruned(source: Source, head: HeadTokenizer, tokenizer_dir: Path) -> Id
     return id_map
 
 
-def vocab_tables(config: RunConfig) -> tuple[str, ...]:
-    """The parameters whose rows stand for token ids: the embedding, and W unless tied."""
-    return ("embed.value",) if config.tie_embeddings else ("embed.value", "unembed.value")
+def head_name(config: RunConfig, index: int) -> str:
+    """The parameter that holds head ``index``'s rows: W (or the embedding, tied) for nested
+    heads, that head's own matrix for separate ones."""
+    if config.heads_kind == "separate":
+        return f"heads.{index}.value"
+    return "embed.value" if config.tie_embeddings else "unembed.value"
+
+
+def vocab_tables(config: RunConfig, source: RunConfig) -> dict[str, str]:
+    """This run's parameters whose rows stand for token ids, each with the source's parameter
+    its rows are gathered from: the embedding, and the head (the source's largest)."""
+    return {
+        "embed.value": "embed.value",
+        head_name(config, 0): head_name(source, len(source.heads) - 1),
+    }
 
 
 def gather(
@@ -122,10 +134,11 @@ def gather(
     """``params_like``'s parameters taken from the source: the token tables' rows gathered by
     ``new_to_old``, every other parameter copied."""
     rows = np.asarray(list(new_to_old), dtype=np.int64)
-    tables = vocab_tables(config)
+    tables = vocab_tables(config, source.config)
     out = {}
     for name, like in params_like.items():
-        value = source.params[name][rows] if name in tables else source.params[name]
+        value = source.params[tables.get(name, name)]
+        value = value[rows] if name in tables else value
         if value.shape != tuple(like.shape):
             raise UserError(
                 f"{{init_from}} {source.run_dir}: parameter {name} has shape {value.shape}, "

@@ -382,7 +382,9 @@ class _Session:
             f"{cfg.max_vocab} rows), heads {list(cfg.heads)}, {cfg.batch} x {cfg.seq_len} "
             f"tokens per head per step, {cfg.steps} steps"
         )
-        step_fn = make_train_step(self.fn, cfg.heads, self.tx, cfg.impl)
+        step_fn = make_train_step(
+            self.fn, cfg.heads, self.tx, cfg.impl, align_weight=cfg.align_weight
+        )
         meter = _Meter(len(self.heads) * cfg.batch * cfg.seq_len, first=self.step, end=end)
         while self.step < end:
             batch = np.stack([w.batch(self.step, cfg.batch) for w in self.windows])

@@ -90,19 +90,11 @@ def optimizer(config: RunConfig) -> optax.GradientTransformation:
     )
 
 
-def make_train_step(
-    fn: Functional,
-    heads: Sequence[int],
-    tx: optax.GradientTransformation,
-    impl: str,
-    *,
-    donate: bool = True,
-):
-    """``step(params, opt_state, batch_hbt) -> (params, opt_state, losses_h)``: one batch per
-    head (H, B, T + 1); the loss is the mean over heads of each head's mean cross-entropy. The
-    heads' windows go through the backbone together, as one batch of H B windows. The step
-    consumes (donates) the ``params`` and ``opt_state`` it is given, unless ``donate=False``
-    (the baseline ``benchmarks/train_throughput.py --donation`` times it against)."""
+def make_loss(fn: Functional, heads: Sequence[int], impl: str, *, align_weight: float = 0.0):
+    """``loss(params, batch_hbt) -> (total, losses_h)``: one batch per head (H, B, T + 1); the
+    total is the mean over heads of each head's mean cross-entropy, plus ``align_weight`` times
+    the separate heads' alignment (``GPT.alignment``). The heads' windows go through the
+    backbone together, as one batch of H B windows."""
     heads = tuple(heads)
 
     def loss_fn(params: Params, batch_hbt: jax.Array):
@@ -116,7 +108,28 @@ def make_train_step(
                 for j, v in enumerate(heads)
             ]
         )
-        return jnp.mean(losses), losses
+        total = jnp.mean(losses)
+        if align_weight:
+            total = total + align_weight * model.alignment()
+        return total, losses
+
+    return loss_fn
+
+
+def make_train_step(
+    fn: Functional,
+    heads: Sequence[int],
+    tx: optax.GradientTransformation,
+    impl: str,
+    *,
+    donate: bool = True,
+    align_weight: float = 0.0,
+):
+    """``step(params, opt_state, batch_hbt) -> (params, opt_state, losses_h)``: one optimizer
+    step on ``make_loss``'s total. The step consumes (donates) the ``params`` and ``opt_state``
+    it is given, unless ``donate=False`` (the baseline ``benchmarks/train_throughput.py
+    --donation`` times it against)."""
+    loss_fn = make_loss(fn, heads, impl, align_weight=align_weight)
 
     # params and opt_state are donated: XLA updates them in place instead of allocating a fresh
     # copy of every parameter and moment each step (docs/benchmarks.md, "Training throughput").
