@@ -800,6 +800,13 @@ def tokenizer_prune(
 
 # ---- training: train --------------------------------------------------------------------------
 
+
+def _mesh_spec(text: str):
+    from vocabjax.train.mesh import MeshSpec
+
+    return MeshSpec.parse(text)
+
+
 _TRAIN_FIELDS = {  # option -> RunConfig field (corpus fields as corpus.<name>)
     "model": "shape",
     "heads": "heads",
@@ -945,6 +952,12 @@ _TRAIN_FIELDS = {  # option -> RunConfig field (corpus fields as corpus.<name>)
     "about 2 unrelated), added to the mean cross-entropy.",
 )
 @click.option(
+    "--mesh",
+    type=_Parsed("data=N[,model=M]", lambda text, what: _mesh_spec(text)),
+    help="Train on N x M of jax.devices(): each step's windows split over data, the embedding "
+    "and head matrices split along V over model (docs/training.md) [default: one device].",
+)
+@click.option(
     "--init-from",
     type=click.Path(file_okay=False),
     help="Start from this run (trained at a larger V): its embedding and head rows gathered "
@@ -971,11 +984,13 @@ def train_command(ctx, out, resume, fmt, **options):
         python cli.py train --out runs/100m --steps 4000 --resume
         python cli.py sweep --training runs/tiny/training.json --vocab 1k,2k,4k
         python cli.py train --init-from runs/tiny --prune-to 2k --steps 100 --out runs/pruned
+        python cli.py train --mesh data=4 --batch 16 --out runs/dp   # 4 devices, data-parallel
     """
     from click.core import ParameterSource
 
     from vocabjax.train import RunConfig, resume_config, train
 
+    mesh = options.pop("mesh")
     for name in ("tokenizer", "init_from"):
         if options[name] is not None:
             options[name] = str(Path(options[name]).absolute())
@@ -989,7 +1004,7 @@ def train_command(ctx, out, resume, fmt, **options):
         if not resume or ctx.get_parameter_source(name) != ParameterSource.DEFAULT
     }
     config = resume_config(out, settings) if resume else RunConfig.from_settings(settings)
-    result = train(config, out, resume=resume, progress=log)
+    result = train(config, out, resume=resume, progress=log, mesh=mesh)
     if fmt == "json":
         emit(render.json_text(result.to_json()))
         return
@@ -1217,8 +1232,15 @@ def _timing_columns(t: dict) -> dict:
 @click.option(
     "--plot", type=OutputFile(figure=True), help="Write a figure (.png): head and BPB over time."
 )
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    help="Serve HTTP on this port (POST /v1/completions, GET /health, /metrics; needs the serve "
+    "extra) instead of replaying a trace; the trace or demo then sizes the KV plan.",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address --port listens on.")
 @format_option
-def serve(run_dir, policy, trace, demo, save_trace, plot, fmt, **options):
+def serve(run_dir, policy, trace, demo, save_trace, plot, fmt, port, host, **options):
     """Serve a trace of requests with a trained run on a virtual clock: requests join running
     batches (continuous batching, within the KV plan of --memory), the policy's router picks a
     head per admission, the quality controller moves it a level up or down on the prompts' bits
@@ -1232,12 +1254,19 @@ def serve(run_dir, policy, trace, demo, save_trace, plot, fmt, **options):
         python cli.py serve --run runs/tiny --policy policy.json --demo
         python cli.py serve --run runs/tiny --policy policy.json --trace trace.jsonl --format json
         python cli.py serve --run runs/tiny --policy policy.json --batching static
+        python cli.py serve --run runs/tiny --policy policy.json --port 8000
+        curl -s localhost:8000/v1/completions -H 'Content-Type: application/json' \\
+            -d '{"prompt": "def main(", "max_tokens": 16}'
     """
     from vocabjax.serving import Engine, Sampling, ServeConfig, load_serve_inputs, write_trace
     from vocabjax.serving import serve as serve_trace
 
     if trace and demo:
         raise UserError("give --trace FILE or --demo, not both")
+    if port is not None and (plot or options["batching"] == "static"):
+        raise UserError(
+            "--port serves live traffic with continuous batching: no --plot or --batching static"
+        )
     config = ServeConfig(
         max_batch=options["max_batch"],
         max_new_tokens=options["max_new_tokens"],
@@ -1260,6 +1289,9 @@ def serve(run_dir, policy, trace, demo, save_trace, plot, fmt, **options):
     if save_trace:
         log(f"wrote {write_trace(save_trace, requests)}")
     log(_controller_note(thresholds, config.window))
+    if port is not None:
+        _serve_port(inputs, config, host, port)
+        return
     result = serve_trace(
         Engine(inputs.run), requests, inputs.routes, config, thresholds=thresholds, progress=log
     )
@@ -1274,6 +1306,21 @@ def serve(run_dir, policy, trace, demo, save_trace, plot, fmt, **options):
         emit(render.rows([b.row() for b in result.batches], fmt))
     else:
         _serve_table(result)
+
+
+def _serve_port(inputs, config, host: str, port: int) -> None:
+    """``serve --port``: the HTTP endpoint until Ctrl-C has drained it."""
+    try:
+        from vocabjax.serving.http import serve_http
+    except ImportError as exc:
+        raise UserError(
+            f"serve --port needs FastAPI and uvicorn ({exc.name} is missing): "
+            "pip install 'vocabjax[serve]'"
+        ) from None
+    from vocabjax.serving import live_server
+
+    log("the KV plan is sized for traffic like that trace")
+    serve_http(live_server(inputs, config, progress=log), host=host, port=port, log=log)
 
 
 def _controller_note(thresholds, window: int) -> str:

@@ -191,3 +191,18 @@ def test_an_alignment_weight_without_separate_heads_is_one_error_line(tmp_path, 
         "(give --heads-kind separate)"
     )
     assert not (tmp_path / "new").exists()
+
+
+def test_a_mesh_that_does_not_divide_is_one_error_line(tmp_path, model_file, tok_dir):
+    new = str(tmp_path / "new")
+    base = ["--model", model_file, *SMALL, "--tokenizer", tok_dir, "--heads", "300,500"]
+    assert _error(*base, "--mesh", "data=3", "--out", new) == (
+        "Error: --mesh data=3,model=1 (3 devices) does not divide the 4 devices"
+    )
+    assert _error(*base, "--mesh", "data=4", "--out", new) == (
+        "Error: --mesh data=4,model=1 does not divide --batch 2: each of the 4 data devices "
+        "takes an equal share of the windows"
+    )
+    line = _error(*base, "--mesh", "model=2", "--out", new, code=2)
+    assert "Invalid value for '--mesh'" in line and "must read data=N or data=N,model=M" in line
+    assert not (tmp_path / "new").exists()

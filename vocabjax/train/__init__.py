@@ -6,6 +6,8 @@ bits per byte and training tokens/s into a training profile (``training.json``).
     steps.py       parameters as named arrays, AdamW + warm-up/cosine, the jitted steps
     checkpoint.py  atomic checkpoints (state.npz + meta.json)
     evaluate.py    held-out bits per byte and per-head throughput
+    pruned.py      a run started from a larger-V run through a pruned tokenizer's id map
+    mesh.py        data-parallel and V-sharded training on a (data, model) device mesh
     run.py         the run: fresh or resumed, progress, checkpoints, training.json
 """
 
@@ -27,6 +29,7 @@ from vocabjax.train.data import (
     tokenizers_from_nested,
 )
 from vocabjax.train.evaluate import HeldOut, heldout_bpb, throughput
+from vocabjax.train.mesh import MeshSpec, Placement
 from vocabjax.train.run import (
     TRAINING_FILE,
     HeadResult,
@@ -48,6 +51,8 @@ __all__ = [
     "HeadResult",
     "HeadTokenizer",
     "HeldOut",
+    "MeshSpec",
+    "Placement",
     "RunConfig",
     "TrainResult",
     "Windows",

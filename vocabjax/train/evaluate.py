@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -54,12 +55,16 @@ def heldout_bpb(
     seq_len: int,
     batch: int,
     impl: str,
+    place: Callable[[np.ndarray], Any] | None = None,
 ) -> HeldOut:
+    """Bits per byte of ``head`` on ``ids``; ``place`` lays each batch of windows out (on a
+    mesh, beside parameters laid out there)."""
     inputs, labels = eval_windows(ids, seq_len, batch)
     nats_fn = make_eval_step(fn, head.vocab, impl)
+    place = place or (lambda x: x)
     total = 0.0
     for i in range(inputs.shape[0]):
-        total += float(nats_fn(params, inputs[i], labels[i]))
+        total += float(nats_fn(params, place(inputs[i]), place(labels[i])))
     predicted = ids[1:]
     nbytes = int(head.token_bytes[predicted].sum())
     text_tokens = int((head.token_bytes[predicted] > 0).sum())
@@ -81,12 +86,16 @@ def throughput(
     batch: int,
     impl: str,
     repeats: int,
+    shardings: tuple[Any, Any, Any, Any] | None = None,
+    place: Callable[[np.ndarray], Any] | None = None,
 ) -> list[float]:
-    """Training tokens per second of each head alone (B T tokens per step)."""
+    """Training tokens per second of each head alone (B T tokens per step); ``shardings`` and
+    ``place`` lay the step and its batch out on a mesh, as training does."""
     out = []
+    place = place or (lambda x: x)
     for head, w in zip(heads, windows, strict=True):
-        step = make_train_step(fn, (head.vocab,), tx, impl)
-        batch_hbt = w.batch(0, batch)[None]
+        step = make_train_step(fn, (head.vocab,), tx, impl, shardings=shardings)
+        batch_hbt = place(w.batch(0, batch)[None])
         seconds = time_step(step, params, opt_state, batch_hbt, repeats=repeats)
         out.append(batch * (batch_hbt.shape[-1] - 1) / seconds)
     return out

@@ -41,6 +41,7 @@ from vocabjax.train.data import (
     tokenizers_from_nested,
 )
 from vocabjax.train.evaluate import heldout_bpb, throughput
+from vocabjax.train.mesh import MeshSpec, Placement, to_host
 from vocabjax.train.pruned import check_pruned, gather, load_source, prune_source
 from vocabjax.train.steps import (
     Functional,
@@ -96,11 +97,16 @@ class TrainResult:
         }
 
 
-def device_label() -> str:
+def device_label(mesh: MeshSpec | None = None) -> str:
+    """The device a run trained on; with a mesh, how many and how they were laid out."""
     d = jax.devices()[0]
     if d.platform == "cpu":
-        return f"cpu ({platform.machine()}, {os.cpu_count()} cores)"
-    return f"{d.platform} {d.device_kind}"
+        label = f"cpu ({platform.machine()}, {os.cpu_count()} cores)"
+    else:
+        label = f"{d.platform} {d.device_kind}"
+    if mesh is not None:
+        label += f" x {mesh.size} (mesh {mesh})"
+    return label
 
 
 def _stored_run(run_dir: Path) -> RunConfig:
@@ -174,33 +180,62 @@ def train(
     stop_after: int | None = None,
     measure: bool = True,
     timing_repeats: int = 5,
+    mesh: MeshSpec | None = None,
 ) -> TrainResult:
     """Train ``config`` into ``run_dir`` (or continue it with ``resume``), then measure every
     head. ``config.tokenizer=None`` trains a nested BPE at the heads' sizes first (saved to
     ``run_dir/tokenizer``). ``stop_after`` stops after that many steps, once their checkpoint
     is written, as a killed run would; it and ``measure=False`` skip the measurement (and
-    training.json)."""
+    training.json). ``mesh`` trains on several devices (``vocabjax.train.mesh``); the run is
+    the same run whatever the mesh, so a resumed run may change it."""
     log = progress or (lambda _msg: None)
     started = time.perf_counter()
     run_dir = Path(run_dir)
+    placement = None
+    if mesh is not None:
+        mesh.check(batch=config.batch, tables=_tables(config), devices=len(jax.devices()))
     if resume:
         _check_resume(config, run_dir, log)
     else:
         _check_fresh(run_dir)
-    session = _Session.prepare(config, run_dir, resume=resume, log=log)
+    if mesh is not None:
+        placement = Placement(mesh.make(), frozenset(name for name, _ in _table_params(config)))
+        log(f"mesh {mesh} over {mesh.size} of {len(jax.devices())} devices")
+    session = _Session.prepare(config, run_dir, resume=resume, log=log, placement=placement)
     end = config.steps if stop_after is None else min(config.steps, stop_after)
     session.fit(end, every=log_every or max(1, config.steps // 10))
     config = session.config
     if end < config.steps or not measure:
         if end < config.steps:
             log(f"stopped after step {end}; resume the run to continue")
-        return TrainResult(config, run_dir, end, (), device_label(), time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        return TrainResult(config, run_dir, end, (), device_label(mesh), seconds)
     log("measuring held-out bits per byte and tokens/s per head")
     heads = session.measure(timing_repeats)
-    result = TrainResult(config, run_dir, end, heads, device_label(), time.perf_counter() - started)
-    write_profile(result, session.corpus.describe("heldout"))
+    seconds = time.perf_counter() - started
+    result = TrainResult(config, run_dir, end, heads, device_label(mesh), seconds)
+    if jax.process_index() == 0:
+        write_profile(result, session.corpus.describe("heldout"))
     log(f"wrote {run_dir / TRAINING_FILE}")
     return result
+
+
+def _table_params(config: RunConfig) -> list[tuple[str, int]]:
+    """The parameters whose rows are token ids, with their row counts."""
+    tables = [("embed.value", config.max_vocab)]
+    if config.heads_kind == "separate":
+        tables += [(f"heads.{j}.value", v) for j, v in enumerate(config.heads)]
+    elif not config.tie_embeddings:
+        tables.append(("unembed.value", config.max_vocab))
+    return tables
+
+
+def _tables(config: RunConfig) -> list[tuple[str, int]]:
+    """The token tables a mesh's ``model`` axis splits, named for messages."""
+    return [
+        ("the embedding" if name == "embed.value" else f"head {rows}", rows)
+        for name, rows in _table_params(config)
+    ]
 
 
 def _check_resume(config: RunConfig, run_dir: Path, log: Progress) -> None:
@@ -239,11 +274,20 @@ class _Session:
     opt_state: Any
     step: int = 0  # optimizer steps done
     recent: list[list[float]] = dataclasses.field(default_factory=list)  # last losses per head
+    placement: Placement | None = None  # the mesh the run's arrays are laid out on (None: one)
     written: bool = False  # run_dir holds run.json (and the tokenizer)
     saved: int | None = None  # step of the last checkpoint on disk
 
     @classmethod
-    def prepare(cls, config: RunConfig, run_dir: Path, *, resume: bool, log: Progress):
+    def prepare(
+        cls,
+        config: RunConfig,
+        run_dir: Path,
+        *,
+        resume: bool,
+        log: Progress,
+        placement: Placement | None = None,
+    ):
         c = config.corpus
         corpus = open_corpus(c.spec, field=c.field, held_out=c.held_out, max_bytes=c.max_bytes)
         # A resumed run holds its parameters: only a fresh pruned start reads its source.
@@ -306,10 +350,25 @@ class _Session:
             params=params,
             opt_state=tx.init(params),
             written=resume,
+            placement=placement,
         )
         if resume:
             session.restore()
+        if placement is not None:
+            session.params = placement.put(session.params)
+            session.opt_state = placement.put(session.opt_state)
         return session
+
+    def shardings(self) -> tuple[Any, Any, Any, Any] | None:
+        """The training step's layout on the mesh: params, optimizer state, batch, losses."""
+        p = self.placement
+        if p is None:
+            return None
+        return p.like(self.params), p.like(self.opt_state), p.batch, p.whole
+
+    def place_batch(self, batch_hbt: np.ndarray):
+        p = self.placement
+        return batch_hbt if p is None else p.put(batch_hbt, p.batch)
 
     def restore(self) -> None:
         checkpoint = load_checkpoint(self.run_dir)
@@ -343,7 +402,13 @@ class _Session:
     def save(self) -> None:
         """Checkpoint the current state (never a non-finite one); the first save also writes
         the tokenizer this run trained and run.json."""
-        if not all_finite(self.params) or not all_finite(self.opt_state):
+        params, opt_state = self.params, self.opt_state
+        if self.placement is not None:  # every process joins the gather; process 0 writes
+            params, opt_state = jax.tree.map(to_host, (params, opt_state))
+            if jax.process_index() != 0:
+                self.saved = self.step
+                return
+        if not all_finite(params) or not all_finite(opt_state):
             raise UserError(
                 f"the parameters are not finite after step {self.step}; not checkpointed "
                 f"({self.last_saved()}); lower {{lr}}",
@@ -370,7 +435,7 @@ class _Session:
             "train_tokens": self.train_tokens,
             "recent_losses": self.recent,
         }
-        save_checkpoint(self.run_dir, self.step, self.params, self.opt_state, meta)
+        save_checkpoint(self.run_dir, self.step, params, opt_state, meta)
         self.saved = self.step
 
     def fit(self, end: int, *, every: int) -> None:
@@ -383,11 +448,18 @@ class _Session:
             f"tokens per head per step, {cfg.steps} steps"
         )
         step_fn = make_train_step(
-            self.fn, cfg.heads, self.tx, cfg.impl, align_weight=cfg.align_weight
+            self.fn,
+            cfg.heads,
+            self.tx,
+            cfg.impl,
+            align_weight=cfg.align_weight,
+            shardings=self.shardings(),
         )
         meter = _Meter(len(self.heads) * cfg.batch * cfg.seq_len, first=self.step, end=end)
         while self.step < end:
-            batch = np.stack([w.batch(self.step, cfg.batch) for w in self.windows])
+            batch = self.place_batch(
+                np.stack([w.batch(self.step, cfg.batch) for w in self.windows])
+            )
             self.params, self.opt_state, losses = step_fn(self.params, self.opt_state, batch)
             losses = np.asarray(losses, dtype=np.float64)
             self.step += 1
@@ -411,9 +483,18 @@ class _Session:
 
     def measure(self, timing_repeats: int) -> tuple[HeadResult, ...]:
         cfg = self.config
+        p = self.placement
+        place = None if p is None else (lambda x: p.put(x, p.rows))
         evals = [
             heldout_bpb(
-                self.fn, self.params, head, ids, seq_len=cfg.seq_len, batch=cfg.batch, impl=cfg.impl
+                self.fn,
+                self.params,
+                head,
+                ids,
+                seq_len=cfg.seq_len,
+                batch=cfg.batch,
+                impl=cfg.impl,
+                place=place,
             )
             for head, ids in zip(self.heads, self.heldout.ids, strict=True)
         ]
@@ -427,6 +508,8 @@ class _Session:
             batch=cfg.batch,
             impl=cfg.impl,
             repeats=timing_repeats,
+            shardings=self.shardings(),
+            place=self.place_batch,
         )
         losses = np.mean(np.asarray(self.recent), axis=0) if self.recent else [None] * len(evals)
         return tuple(

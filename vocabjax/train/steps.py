@@ -124,16 +124,22 @@ def make_train_step(
     *,
     donate: bool = True,
     align_weight: float = 0.0,
+    shardings: tuple[Any, Any, Any, Any] | None = None,
 ):
     """``step(params, opt_state, batch_hbt) -> (params, opt_state, losses_h)``: one optimizer
     step on ``make_loss``'s total. The step consumes (donates) the ``params`` and ``opt_state``
     it is given, unless ``donate=False`` (the baseline ``benchmarks/train_throughput.py
-    --donation`` times it against)."""
+    --donation`` times it against). ``shardings`` (params, opt_state, batch, losses) lays the
+    step out on a mesh (``vocabjax.train.mesh.Placement``); None keeps one device."""
     loss_fn = make_loss(fn, heads, impl, align_weight=align_weight)
+    layout = {}
+    if shardings is not None:
+        p_sh, o_sh, b_sh, out_sh = shardings
+        layout = dict(in_shardings=(p_sh, o_sh, b_sh), out_shardings=(p_sh, o_sh, out_sh))
 
     # params and opt_state are donated: XLA updates them in place instead of allocating a fresh
     # copy of every parameter and moment each step (docs/benchmarks.md, "Training throughput").
-    @functools.partial(jax.jit, donate_argnums=(0, 1) if donate else ())
+    @functools.partial(jax.jit, donate_argnums=(0, 1) if donate else (), **layout)
     def step(params: Params, opt_state, batch_hbt: jax.Array):
         (_, losses), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch_hbt)
         # optax's Adam bias correction raises a Python float to the int32 step count, which
