@@ -1,0 +1,676 @@
+"""The paper's quality claims at the scale two CPU cores allow: docs/quality.md, docs/quality.png
+and the data behind them (sims/data/quality.json).
+
+    python sims/quality.py --plan     # the runs and how long they should take; runs nothing
+    python sims/quality.py            # the study: about an hour on two idle CPU cores
+
+Every figure comes from training runs (``vocabjax.train.train``) kept in ``--work``, one
+directory per run. A run whose training.json exists is read, not run again; a run stopped midway
+resumes from its checkpoint; so a stopped study resumes where it stopped. Progress and an ETA go
+to stderr. Parts:
+
+1. bits per byte against V: ``--scales`` (tiny, small) on ``--corpora`` (builtin: code,
+   builtin-prose: English prose), V in ``--vocab``, ``--seeds`` seeds; every run trains on the
+   same number of bytes of text (``--train-bytes`` per scale), not the same number of tokens:
+   its steps are those bytes over (batch x seq-len x the level's bytes per token on the train
+   part). Held-out bits per byte on the same text for every V.
+2. pruned initialisation: a run at ``--prune-from`` for ``--prune-share`` of the bytes, pruned to
+   ``--prune-to`` (``train --init-from``) for the rest, against part 1's run at ``--prune-to``
+   (the same total bytes, the large-V pretraining counted); first scale, last corpus.
+3. heads: ``--head-set`` as nested heads and as separate heads with ``--align-weight``, one run
+   each per seed, against part 1's separate models at each V; every head sees at most the bytes
+   a separate model sees (steps set by the largest head's bytes per token). Parameters counted.
+4. training throughput: part 1's tokens/s at the smallest and largest V (512 -> 16k spans 32x,
+   as 8k -> 262k does).
+5. compression on prose: nested levels trained on ``--compression-bytes`` of the last corpus (V
+   alone changes), and any production tokenizer installed packages ship (or ``--tokenizer``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import _common  # noqa: F401  (puts the checkout on sys.path)
+from _common import ROOT, command, figure_path, write_doc
+
+from vocabjax.corpus import open_corpus
+from vocabjax.errors import UserError
+from vocabjax.models import GPTConfig
+from vocabjax.outputs import atomic_write_text
+from vocabjax.shapes import load_shape
+from vocabjax.units import parse_size, parse_size_list
+
+DATA = ROOT / "sims" / "data" / "quality.json"
+T95 = {1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+ASSUMED_FLOPS = 1.0e11  # FLOP/s a 2-core CPU trains at (tiny: 33k tokens/s x 3.1 MFLOP/token)
+OVERHEAD_S = 15.0  # per run: encoding the corpus, compiling, evaluating, timing
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def name(scale: str) -> str:
+    """A scale's shape name (a preset's, or a shape file's), as run keys and tables show it."""
+    return load_shape(scale).name
+
+
+def write_json(path: Path, data: Any) -> None:
+    """The study's own files: its data and what it keeps between invocations (not profiles)."""
+    atomic_write_text(path, json.dumps(data, indent=1, default=str) + "\n")
+
+
+def mean_ci(values: Sequence[float]) -> tuple[float, float, float]:
+    """(mean, low, high): a 95% t-interval over seeds (the mean alone for one value)."""
+    m = statistics.fmean(values)
+    if len(values) < 2:
+        return m, m, m
+    half = T95.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
+    return m, m - half, m + half
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One training run of the study."""
+
+    key: str  # its directory under --work
+    scale: str  # model shape
+    corpus: str
+    heads: tuple[int, ...]
+    seed: int
+    steps: int
+    heads_kind: str = "nested"
+    align_weight: float = 0.0
+    init_from: str | None = None  # key of the run a pruned start gathers from
+
+    def flops(self, batch: int, seq_len: int) -> float:
+        """Training FLOPs: 6 N per token, each head's windows through the backbone and its head."""
+        shape = load_shape(self.scale)
+        weights = len(self.heads) * shape.n_nonembedding + sum(self.heads) * shape.d_model
+        return 6 * self.steps * batch * seq_len * weights
+
+
+@dataclasses.dataclass
+class Study:
+    args: argparse.Namespace
+    work: Path
+
+    def corpus(self, spec: str):
+        return open_corpus(spec, max_bytes=self.args.max_bytes)
+
+    def tokenizer(self, spec: str) -> Path:
+        """The corpus's nested tokenizer at every V of the study (one training, kept)."""
+        from vocabjax.vocab import save_nested, train_nested
+
+        out = self.work / f"tok-{spec}"
+        if not (out / "manifest.json").is_file():
+            say(f"training a nested BPE at {self.args.vocab} on {spec}")
+            corpus = self.corpus(spec)
+            nested = train_nested(corpus.texts("train"), self.args.vocab)
+            save_nested(nested, out, corpus=corpus.describe("train"), source="sims/quality.py")
+        return out
+
+    def bytes_per_token(self, spec: str) -> dict[int, float]:
+        """Train-part bytes per token of each level (what turns bytes into steps), kept."""
+        from vocabjax.train import encode_streams, tokenizers_from_dir
+
+        path = self.work / f"bytes-per-token-{spec}.json"
+        if path.is_file():
+            return {int(k): v for k, v in json.loads(path.read_text()).items()}
+        heads = tokenizers_from_dir(self.tokenizer(spec), self.args.vocab)
+        streams = encode_streams(heads, self.corpus(spec).texts("train"))
+        out = {h.vocab: streams.bytes / len(ids) for h, ids in zip(heads, streams.ids, strict=True)}
+        write_json(path, {str(k): v for k, v in out.items()})
+        return out
+
+    def steps(self, spec: str, vocab: int, nbytes: float) -> int:
+        per_step = self.args.batch * self.args.seq_len * self.bytes_per_token(spec)[vocab]
+        return max(1, math.ceil(nbytes / per_step))
+
+    def jobs(self) -> dict[str, list[Job]]:
+        a = self.args
+        parts: dict[str, list[Job]] = {"bpb": [], "pruned": [], "heads": []}
+        for scale, nbytes in zip(a.scales, a.train_bytes, strict=True):
+            for spec in a.corpora:
+                for v in a.vocab:
+                    for seed in a.seeds:
+                        steps = self.steps(spec, v, nbytes)
+                        key = f"{name(scale)}-{spec}-v{v}-s{seed}"
+                        parts["bpb"].append(Job(key, scale, spec, (v,), seed, steps))
+        scale, spec, nbytes = a.scales[0], a.corpora[-1], a.train_bytes[0]
+        for seed in a.seeds:
+            src = f"{name(scale)}-{spec}-v{a.prune_from}-pretrain-s{seed}"
+            share = a.prune_share * nbytes
+            parts["pruned"] += [
+                Job(src, scale, spec, (a.prune_from,), seed, self.steps(spec, a.prune_from, share)),
+                Job(
+                    f"{name(scale)}-{spec}-v{a.prune_from}-to-v{a.prune_to}-s{seed}",
+                    scale,
+                    spec,
+                    (a.prune_to,),
+                    seed,
+                    self.steps(spec, a.prune_to, nbytes - share),
+                    init_from=src,
+                ),
+            ]
+            steps = self.steps(spec, a.head_set[-1], nbytes)
+            heads = tuple(a.head_set)
+            parts["heads"] += [
+                Job(f"{name(scale)}-{spec}-nested-s{seed}", scale, spec, heads, seed, steps),
+                Job(
+                    f"{name(scale)}-{spec}-separate-s{seed}",
+                    scale,
+                    spec,
+                    heads,
+                    seed,
+                    steps,
+                    heads_kind="separate",
+                    align_weight=a.align_weight,
+                ),
+            ]
+        return parts
+
+    def run(self, job: Job) -> dict[str, Any]:
+        """The job's training.json, training it (or resuming it) first when there is none."""
+        from vocabjax.train import CorpusSpec, RunConfig, resume_config, train
+
+        out = self.work / job.key
+        profile = out / "training.json"
+        if not profile.is_file():
+            if (out / "run.json").is_file():
+                config, resume = resume_config(out, {}), True
+            else:
+                config = RunConfig(
+                    shape=load_shape(job.scale),
+                    heads=job.heads,
+                    tokenizer=None if job.init_from else str(self.tokenizer(job.corpus)),
+                    corpus=CorpusSpec(job.corpus, max_bytes=self.args.max_bytes),
+                    steps=job.steps,
+                    seq_len=self.args.seq_len,
+                    batch=self.args.batch,
+                    lr=self.args.lr,
+                    warmup=min(100, job.steps // 10),
+                    seed=job.seed,
+                    eval_tokens=self.args.eval_tokens,
+                    checkpoint_every=self.args.checkpoint_every,
+                    heads_kind=job.heads_kind,
+                    align_weight=job.align_weight,
+                    init_from=str(self.work / job.init_from) if job.init_from else None,
+                )
+                resume = False
+            train(config, out, resume=resume, timing_repeats=3)
+        return json.loads(profile.read_text())
+
+
+def run_all(study: Study, parts: dict[str, list[Job]]) -> dict[str, dict[str, Any]]:
+    """Every job's training.json by key, in order, with progress and an ETA on stderr (the
+    assumed rate corrected by the pace of the runs trained so far). Each run's wall seconds are
+    kept in ``--work``/seconds.json."""
+    a = study.args
+    seconds_path = study.work / "seconds.json"
+    seconds = json.loads(seconds_path.read_text()) if seconds_path.is_file() else {}
+    jobs = [j for part in parts.values() for j in part]
+    todo = {j.key: j.flops(a.batch, a.seq_len) / ASSUMED_FLOPS + OVERHEAD_S for j in jobs}
+    todo = {k: t for k, t in todo.items() if not (study.work / k / "training.json").is_file()}
+    left, spent, guessed = sum(todo.values()), 0.0, 0.0
+    results = {}
+    for i, job in enumerate(jobs, 1):
+        t0 = time.perf_counter()
+        results[job.key] = study.run(job)
+        if job.key in todo:
+            took = time.perf_counter() - t0
+            seconds[job.key] = round(took, 1)
+            write_json(seconds_path, seconds)
+            spent, guessed, left = spent + took, guessed + todo[job.key], left - todo[job.key]
+            what = f"trained in {took:.0f} s"
+        else:
+            what = "read"
+        say(
+            f"[{i}/{len(jobs)}] {job.key}: {job.steps} steps {what}; elapsed {spent / 60:.1f} min, "
+            f"eta {left * (spent / guessed if guessed else 1.0) / 60:.1f} min"
+        )
+    return results
+
+
+def estimate(study: Study, parts: dict[str, list[Job]]) -> float:
+    """Seconds the runs not yet done should take at the assumed rate."""
+    a = study.args
+    return sum(
+        j.flops(a.batch, a.seq_len) / ASSUMED_FLOPS + OVERHEAD_S
+        for part in parts.values()
+        for j in part
+        if not (study.work / j.key / "training.json").is_file()
+    )
+
+
+def run_seconds(work: Path) -> float:
+    """Wall seconds of every run of the study, over all its invocations."""
+    path = work / "seconds.json"
+    return sum(json.loads(path.read_text()).values()) if path.is_file() else 0.0
+
+
+# ---- the report -------------------------------------------------------------------------------
+
+
+def head(result: dict[str, Any], vocab: int) -> dict[str, Any]:
+    return next(p for p in result["points"] if p["vocab"] == vocab)
+
+
+def bpb_table(a, parts, results) -> tuple[list[str], list[dict[str, Any]]]:
+    lines = [
+        "| scale | corpus | V | bpb (mean over seeds) | 95% interval | tokens/s | bytes/token | steps |",
+        "|---|---|---:|---:|---|---:|---:|---:|",
+    ]
+    rows = []
+    for scale in a.scales:
+        for spec in a.corpora:
+            for v in a.vocab:
+                jobs = [
+                    j for j in parts["bpb"] if (j.scale, j.corpus, j.heads) == (scale, spec, (v,))
+                ]
+                points = [head(results[j.key], v) for j in jobs]
+                m, lo, hi = mean_ci([p["bpb"] for p in points])
+                tps = statistics.median(p["tokens_per_s"] for p in points)
+                bpt = statistics.fmean(p["bytes_per_token"] for p in points)
+                rows.append(
+                    dict(
+                        scale=scale,
+                        corpus=spec,
+                        vocab=v,
+                        bpb=m,
+                        lo=lo,
+                        hi=hi,
+                        tokens_per_s=tps,
+                        seeds=[p["bpb"] for p in points],
+                    )
+                )
+                lines.append(
+                    f"| {name(scale)} | {spec} | {v} | {m:.4f} | {lo:.4f}-{hi:.4f} | {tps:,.0f} | "
+                    f"{bpt:.3f} | {jobs[0].steps} |"
+                )
+    return lines, rows
+
+
+def spread_rows(a, rows) -> list[dict[str, Any]]:
+    """Per scale and corpus: the best V and the spread (max - min) / min of bpb over V, the
+    spread computed per seed and summarized over seeds."""
+    out = []
+    for scale in a.scales:
+        for spec in a.corpora:
+            sel = [r for r in rows if (r["scale"], r["corpus"]) == (scale, spec)]
+            best = min(sel, key=lambda r: r["bpb"])
+            per_seed = [
+                (max(s) - min(s)) / min(s) * 100
+                for s in zip(*(r["seeds"] for r in sel), strict=True)
+            ]
+            out.append(dict(scale=scale, corpus=spec, best=best["vocab"], spread=mean_ci(per_seed)))
+    return out
+
+
+def pruned_rows(a, parts, results) -> list[float]:
+    """Per seed: (pruned - direct) / direct bpb at --prune-to, in percent."""
+    scale, spec = a.scales[0], a.corpora[-1]
+    out = []
+    for seed in a.seeds:
+        pruned = results[f"{name(scale)}-{spec}-v{a.prune_from}-to-v{a.prune_to}-s{seed}"]
+        direct = results[f"{name(scale)}-{spec}-v{a.prune_to}-s{seed}"]
+        p, d = head(pruned, a.prune_to)["bpb"], head(direct, a.prune_to)["bpb"]
+        out.append((p - d) / d * 100)
+    return out
+
+
+def heads_rows(a, results) -> list[dict[str, Any]]:
+    """Per head and kind: (shared - separate model) / separate model bpb over seeds, percent."""
+    scale, spec = a.scales[0], a.corpora[-1]
+    out = []
+    for kind in ("nested", "separate"):
+        for v in a.head_set:
+            diffs = []
+            for seed in a.seeds:
+                shared = head(results[f"{name(scale)}-{spec}-{kind}-s{seed}"], v)["bpb"]
+                alone = head(results[f"{name(scale)}-{spec}-v{v}-s{seed}"], v)["bpb"]
+                diffs.append((shared - alone) / alone * 100)
+            out.append(dict(kind=kind, vocab=v, diff=mean_ci(diffs)))
+    return out
+
+
+def parameter_saving(a) -> dict[str, float]:
+    """1 - (parameters of one shared model) / (parameters of one model per head)."""
+    shape = load_shape(a.scales[0])
+    heads = tuple(a.head_set)
+    alone = sum(GPTConfig(shape, max_vocab=v, max_seq=a.seq_len).n_params() for v in heads)
+    nested = GPTConfig(shape, max_vocab=heads[-1], max_seq=a.seq_len).n_params()
+    separate = GPTConfig(
+        shape, max_vocab=heads[-1], max_seq=a.seq_len, heads_kind="separate", heads=heads
+    ).n_params()
+    return {"nested": 1 - nested / alone, "separate": 1 - separate / alone}
+
+
+def throughput_rows(a, rows) -> list[dict[str, Any]]:
+    out = []
+    for scale in a.scales:
+        for spec in a.corpora:
+            sel = {
+                r["vocab"]: r["tokens_per_s"]
+                for r in rows
+                if (r["scale"], r["corpus"]) == (scale, spec)
+            }
+            lo, hi = min(sel), max(sel)
+            out.append(dict(scale=scale, corpus=spec, lo=lo, hi=hi, ratio=sel[lo] / sel[hi]))
+    return out
+
+
+def compression(a, work: Path) -> dict[str, Any]:
+    """Bytes per token on the last corpus's held-out part: nested levels trained on its train
+    part (V alone changes), and the production tokenizers found or given."""
+    from vocabjax.vocab import LoadedTokenizer, load_tokenizer, measure, train_nested
+    from vocabjax.vocab.bpe import from_json
+
+    path = work / "compression.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    spec = a.corpora[-1]
+    corpus = open_corpus(spec, max_bytes=a.compression_bytes)
+    say(f"compression: nested levels {a.compression_vocab} on {corpus.describe('train')}")
+    nested = train_nested(corpus.texts("train"), a.compression_vocab, stop_short=True)
+    tokenizers = [
+        LoadedTokenizer(from_json(nested.level(v), where=f"level {v}"), f"nested {v}", "hf")
+        for v in nested.vocab_sizes
+    ]
+    found = list(a.tokenizer) or shipped_tokenizers()
+    tokenizers += [load_tokenizer(p) for p in found]
+    points = measure(tokenizers, list(corpus.texts("heldout")))
+    out = {
+        "corpus": corpus.describe("heldout"),
+        "reached": list(nested.vocab_sizes),
+        "points": [p.to_json() for p in points],
+        "production": [str(p) for p in found],
+    }
+    write_json(path, out)
+    return out
+
+
+def shipped_tokenizers() -> list[Path]:
+    """Tokenizer files installed packages ship (tiktoken rank files, tokenizer.json)."""
+    import sysconfig
+
+    root = Path(sysconfig.get_paths()["purelib"])
+    found = sorted(root.glob("**/*.tiktoken")) + sorted(root.glob("**/tokenizer.json"))
+    return [p for p in found if "test" not in p.parts and "tests" not in p.parts]
+
+
+def verdict(agrees: bool | None, criterion: str) -> str:
+    """The verdict word, then the rule it was reached by."""
+    word = {True: "agrees", False: "disagrees", None: "inconclusive at this scale"}[agrees]
+    return f"{word} (rule: {criterion})"
+
+
+def report(a, parts, results, comp, seconds: float) -> tuple[str, dict[str, Any]]:
+    table, rows = bpb_table(a, parts, results)
+    spreads = spread_rows(a, rows)
+    pruned = mean_ci(pruned_rows(a, parts, results))
+    heads = heads_rows(a, results)
+    saving = parameter_saving(a)
+    speeds = throughput_rows(a, rows)
+    n = len(a.seeds)
+    scale0, spec_last = name(a.scales[0]), a.corpora[-1]
+
+    claims = ["| claim | measured | 95% interval over seeds | verdict |", "|---|---|---|---|"]
+    for s in spreads:
+        m, lo, hi = s["spread"]
+        ok = True if hi < 2 else False if lo > 2 else None
+        claims.append(
+            f"| (1) bpb spread < 2% over V, {name(s['scale'])} on {s['corpus']} | {m:.2f}% (best V "
+            f"{s['best']}) | {lo:.2f}-{hi:.2f}% | {verdict(ok, 'agrees if the interval lies below 2%, disagrees if above; paper best V: 16k at 100M')} |"
+        )
+    m, lo, hi = pruned
+    ok = True if hi < 0 else False if lo > 0 else None
+    claims.append(
+        f"| (2) pruning {a.prune_from} -> {a.prune_to} beats training at {a.prune_to} "
+        f"(~5% bpb), {scale0} on {spec_last} | {m:+.2f}% bpb | {lo:+.2f} to {hi:+.2f}% | "
+        f"{verdict(ok, 'negative is better: agrees if the interval lies below 0, disagrees if above')} |"
+    )
+    for h in heads:
+        m, lo, hi = h["diff"]
+        ok = True if lo >= -2 and hi <= 2 else False if hi < -2 or lo > 2 else None
+        claims.append(
+            f"| (3) {h['kind']} heads serve like separate models, head {h['vocab']} "
+            f"({saving[h['kind']]:.0%} fewer parameters; paper ~30%) | {m:+.2f}% bpb | "
+            f"{lo:+.2f} to {hi:+.2f}% | {verdict(ok, 'agrees if the interval lies within +-2% of a separate model, disagrees if outside')} |"
+        )
+    for s in speeds:
+        ok = abs(s["ratio"] / 2.4 - 1) <= 0.15
+        claims.append(
+            f"| (4) training throughput falls 2.4x over a 32x V span, {name(s['scale'])} | "
+            f"{s['ratio']:.2f}x ({s['lo']} -> {s['hi']}) | median over seeds | "
+            f"{verdict(ok, 'within 15% of 2.4; the head is a larger share of a small model')} |"
+        )
+    points = {p["tokenizer"]: p for p in comp["points"]}
+    levels = comp["reached"]
+    if len(levels) >= 2:
+        start = 32768 if 32768 in levels[:-1] else levels[0]
+        first, last = points[f"nested {start}"], points[f"nested {levels[-1]}"]
+        cut = 1 - first["bytes_per_token"] / last["bytes_per_token"]
+        claims.append(
+            f"| sequence length ~20% shorter from 32k to 262k (same data, V alone: "
+            f"{start} -> {levels[-1]}) | {cut:.1%} fewer tokens | over documents: see "
+            f"compression table | {verdict(abs(cut - 0.2) <= 0.05, 'within 5 points of 20%')} |"
+        )
+
+    body = [
+        f"Study time: {run_seconds(a.work) / 60:.1f} min of training runs in all "
+        f"({len(results)} runs, over every invocation; this one took {seconds / 60:.1f} min). "
+        "Every run: "
+        f"batch {a.batch} x seq-len {a.seq_len} per head, lr {a.lr}, {n} seeds "
+        f"({', '.join(map(str, a.seeds))}), corpora capped at {a.max_bytes / 2**20:.3g} MiB "
+        "before the 90/10 split by document hash. **Equal training bytes, not equal tokens**: "
+        + ", ".join(
+            f"{name(s)} trains on {b / 2**20:.3g} MiB" for s, b in zip(a.scales, a.train_bytes)
+        )
+        + " of text per run, so a larger V takes fewer steps. Scale caveat: the paper's models have "
+        "100M-2.3B parameters trained to convergence; these are "
+        + ", ".join(
+            f"{name(s)} ({load_shape(s).n_nonembedding / 1e6:.2f}M non-embedding)" for s in a.scales
+        )
+        + " trained for minutes, so a verdict says whether the trend shows here, not whether the "
+        "paper's figure holds at its scale.",
+        "",
+        "## The claims",
+        "",
+        *claims,
+        "",
+        "## Bits per byte against V",
+        "",
+        "Held-out bits per byte (the same held-out text for every V; mean over seeds with its 95% "
+        "t-interval), training tokens/s (median over seeds) and train-part bytes per token. "
+        "Figure: [quality.png](quality.png).",
+        "",
+        *table,
+        "",
+        "## Pruned initialisation",
+        "",
+        f"{scale0} on {spec_last}: a run at V = {a.prune_from} for {a.prune_share:.0%} of the "
+        f"bytes, its tokenizer pruned to {a.prune_to} by use on the train part, its embedding and "
+        f"head rows gathered (`train --init-from --prune-to`) and trained for the rest, against "
+        f"training at {a.prune_to} from the start on the same total bytes. Per seed: "
+        + ", ".join(f"{d:+.2f}%" for d in pruned_rows(a, parts, results))
+        + " (pruned minus direct, relative).",
+        "",
+        "## Shared backbone, several heads",
+        "",
+        f"{scale0} on {spec_last}, heads {', '.join(map(str, a.head_set))} (the paper's "
+        "32k/131k/262k, 1:4:8, scaled to this V range): nested prefix heads, and separate heads "
+        f"with alignment weight {a.align_weight}, each trained jointly (every head's windows in "
+        "every step; the steps set so that the largest head sees the bytes a separate model sees, "
+        "the smaller ones fewer), against a separate model per V from part 1. Parameters: "
+        f"nested {saving['nested']:.0%}, separate {saving['separate']:.0%} fewer than one model "
+        "per head (embedding, heads, backbone, positions).",
+        "",
+        "| kind | head | bpb vs separate model | 95% interval |",
+        "|---|---:|---:|---|",
+        *[
+            f"| {h['kind']} | {h['vocab']} | {h['diff'][0]:+.2f}% | {h['diff'][1]:+.2f} to "
+            f"{h['diff'][2]:+.2f}% |"
+            for h in heads
+        ],
+        "",
+        "## Compression: what V alone buys, and what a production tokenizer does",
+        "",
+        f"Bytes per token on {comp['corpus']}, with a 95% interval over documents. Nested levels "
+        f"reached: {', '.join(map(str, comp['reached']))} (same data and pre-tokenizer: what V "
+        "alone buys). Production tokenizers measured: "
+        + (
+            ", ".join(comp["production"])
+            or "none found in the installed packages (give "
+            "`--tokenizer FILE`, a rank file or tokenizer.json a package ships)"
+        )
+        + ": those differ in training corpus and pre-tokenizer too.",
+        "",
+        "| tokenizer | vocab | bytes/token | 95% interval |",
+        "|---|---:|---:|---|",
+        *[
+            f"| {p['tokenizer']} | {p['vocab']} | {p['bytes_per_token']:.3f} | "
+            f"{p['ci95'][0]:.3f}-{p['ci95'][1]:.3f} |"
+            for p in comp["points"]
+        ],
+    ]
+    data = {
+        "schema": 1,
+        "kind": "quality_study",
+        "command": command(),
+        "seconds": round(seconds, 1),
+        "settings": {k: v for k, v in vars(a).items() if k not in ("plan",)},
+        "bpb": rows,
+        "spread": spreads,
+        "pruned_pct": pruned_rows(a, parts, results),
+        "heads": heads,
+        "parameter_saving": saving,
+        "throughput": speeds,
+        "compression": comp,
+        "runs": results,
+    }
+    return "\n".join(body), data
+
+
+def plot(a, rows, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from vocabjax.outputs import save_figure
+
+    fig, axes = plt.subplots(1, len(a.scales), figsize=(5 * len(a.scales), 4), squeeze=False)
+    for ax, scale in zip(axes[0], a.scales, strict=True):
+        for spec in a.corpora:
+            sel = [r for r in rows if (r["scale"], r["corpus"]) == (scale, spec)]
+            x = [r["vocab"] for r in sel]
+            y = [r["bpb"] for r in sel]
+            err = [[r["bpb"] - r["lo"] for r in sel], [r["hi"] - r["bpb"] for r in sel]]
+            ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=spec)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("vocabulary size V")
+        ax.set_ylabel("held-out bits per byte")
+        ax.set_title(f"{name(scale)}: bpb against V (95% over seeds)")
+        ax.legend()
+    fig.text(0.01, -0.02, command(), fontsize=7)
+    save_figure(fig, path)
+    plt.close(fig)
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    size = lambda what: lambda t: parse_size(t, what=what)  # noqa: E731
+    sizes = lambda what: lambda t: parse_size_list(t, what=what)  # noqa: E731
+    p.add_argument("--plan", action="store_true", help="list the runs and the time they take")
+    p.add_argument("--work", type=Path, default=ROOT / "runs" / "quality", help="run directories")
+    p.add_argument("--scales", default="tiny,small", help="model shapes (names or files)")
+    p.add_argument("--corpora", default="builtin,builtin-prose", help="corpora (last: prose)")
+    p.add_argument("--vocab", type=sizes("vocab"), default="512,1k,2k,4k,8k,16k")
+    p.add_argument("--seeds", type=int, default=3, help="seeds per point (0..N-1)")
+    p.add_argument(
+        "--train-bytes",
+        type=sizes("train bytes"),
+        default="768k,384k",
+        help="text each run trains on, per scale",
+    )
+    p.add_argument("--max-bytes", type=size("max bytes"), default="8m", help="corpus cap")
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--eval-tokens", type=size("eval tokens"), default="32k")
+    p.add_argument("--checkpoint-every", type=int, default=200)
+    p.add_argument("--prune-from", type=size("prune from"), default="16k")
+    p.add_argument("--prune-to", type=size("prune to"), default="2k")
+    p.add_argument("--prune-share", type=float, default=0.5, help="bytes at --prune-from")
+    p.add_argument("--head-set", type=sizes("head set"), default="2k,8k,16k")
+    p.add_argument("--align-weight", type=float, default=0.1)
+    p.add_argument("--compression-bytes", type=size("compression bytes"), default="32m")
+    p.add_argument(
+        "--compression-vocab", type=sizes("compression vocab"), default="8k,16k,32k,64k,128k,256k"
+    )
+    p.add_argument("--tokenizer", action="append", default=[], help="a production tokenizer")
+    p.add_argument("--doc", default="quality.md", help="docs/ file to write")
+    p.add_argument("--figure", type=Path, default=None, help="figure (default docs/quality.png)")
+    p.add_argument("--data", type=Path, default=DATA, help="the study's data as JSON")
+    a = p.parse_args(argv)
+    a.scales = a.scales.split(",")
+    a.corpora = a.corpora.split(",")
+    a.vocab = sorted(a.vocab)
+    a.seeds = list(range(a.seeds))
+    if len(a.train_bytes) == 1:
+        a.train_bytes = a.train_bytes * len(a.scales)
+    for name in ("prune_from", "prune_to"):
+        if getattr(a, name) not in a.vocab:
+            p.error(f"--{name.replace('_', '-')} {getattr(a, name)} must be one of --vocab")
+    if not set(a.head_set) <= set(a.vocab) or len(a.train_bytes) != len(a.scales):
+        p.error("--head-set must be sizes of --vocab, --train-bytes one size or one per scale")
+    return a
+
+
+def main(argv: Sequence[str] | None = None, *, doc_writer: Callable = write_doc) -> int:
+    a = parse(argv)
+    study = Study(a, a.work)
+    a.work.mkdir(parents=True, exist_ok=True)
+    try:
+        parts = study.jobs()
+        left = estimate(study, parts)
+        n_jobs = sum(len(p) for p in parts.values())
+        say(
+            f"{n_jobs} runs ({', '.join(f'{k}: {len(v)}' for k, v in parts.items())}) in {a.work}; "
+            f"about {left / 60:.0f} min left on two idle CPU cores "
+            f"(at {ASSUMED_FLOPS / 1e9:.0f} GFLOP/s and {OVERHEAD_S:.0f} s a run; a busy machine "
+            "takes longer)"
+        )
+        if a.plan:
+            for part, jobs in parts.items():
+                for j in jobs:
+                    print(f"{part}\t{j.key}\t{j.steps} steps\theads {','.join(map(str, j.heads))}")
+            return 0
+        started = time.perf_counter()
+        results = run_all(study, parts)
+        comp = compression(a, a.work)
+        seconds = time.perf_counter() - started
+    except UserError as exc:
+        say(f"Error: {exc}")
+        return 1
+    body, data = report(a, parts, results, comp, seconds)
+    figure = a.figure or figure_path("quality.png")
+    plot(a, data["bpb"], figure)
+    write_json(a.data, data)
+    doc_writer(a.doc, "The paper's quality claims on two CPU cores", body)
+    say(f"done in {seconds / 60:.1f} min; wrote {figure} and {a.data}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
