@@ -9,7 +9,7 @@ from pathlib import Path
 import jax
 from vocab_testing import MAX_BYTES, nested
 
-from vocabjax.serving import LoadedRun
+from vocabjax.serving import Engine, LoadedRun, load_run
 from vocabjax.shapes import ModelShape
 from vocabjax.train import CorpusSpec, RunConfig, train
 
@@ -49,3 +49,8 @@ def scramble(run: LoadedRun) -> LoadedRun:
         for k, (name, v) in zip(keys, sorted(run.params.items()), strict=True)
     }
     return dataclasses.replace(run, params=params, model=run.fn.model(params))
+
+
+def scrambled_engine(run_dir: Path) -> Engine:
+    """An engine of the shared run with scrambled weights (``scramble``)."""
+    return Engine(scramble(load_run(run_dir)))

@@ -11,9 +11,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from serving_testing import scramble
+from serving_testing import scrambled_engine
 
-from vocabjax.serving import Engine, LoadedRun, Sampling, bucket_length, load_run
+from vocabjax.serving import Engine, Sampling, bucket_length
 from vocabjax.serving import decode as dec
 from vocabjax.serving.batching import Joining, RunningBatch, solo_key
 
@@ -32,13 +32,8 @@ LIMITS = (7, 12, 1, 9, 5, 11)
 
 
 @pytest.fixture(scope="module")
-def scrambled(served_run_dir) -> LoadedRun:
-    return scramble(load_run(served_run_dir))
-
-
-@pytest.fixture(scope="module")
-def engine(scrambled) -> Engine:
-    return Engine(scrambled)
+def engine(served_run_dir) -> Engine:
+    return scrambled_engine(served_run_dir)
 
 
 def solo(engine: Engine, i: int, sampling: Sampling) -> tuple[int, ...]:

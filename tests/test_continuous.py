@@ -5,20 +5,16 @@ shorter sequences need less cache."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from serving_testing import scramble
+from serving_testing import scrambled_engine
 
 from vocabjax.errors import UserError
 from vocabjax.serving import (
     Engine,
-    LoadedRun,
     Request,
     Sampling,
     ServeConfig,
     admit_count,
-    load_run,
     request_seed,
     serve,
 )
@@ -36,13 +32,8 @@ TRACE = (
 
 
 @pytest.fixture(scope="module")
-def scrambled(served_run_dir: Path) -> LoadedRun:
-    return scramble(load_run(served_run_dir))
-
-
-@pytest.fixture(scope="module")
-def engine(scrambled) -> Engine:
-    return Engine(scrambled)
+def engine(served_run_dir) -> Engine:
+    return scrambled_engine(served_run_dir)
 
 
 @pytest.mark.parametrize(
@@ -100,11 +91,11 @@ def burst(n: int, limit: int) -> list[Request]:
 
 
 @pytest.mark.parametrize("head", [300, 500])
-def test_admission_never_holds_more_than_the_budget(engine, scrambled, head):
+def test_admission_never_holds_more_than_the_budget(engine, head):
     """A burst of eight equal requests under a budget that holds four sequences at head 500:
     the larger head's shorter sequences fit more than the smaller head's."""
-    per_position = scrambled.config.shape.kv_elements_per_token * 4  # float32 cache
-    weights = sum(x.size * x.dtype.itemsize for x in scrambled.params.values())
+    per_position = engine.run.config.shape.kv_elements_per_token * 4  # float32 cache
+    weights = sum(x.size * x.dtype.itemsize for x in engine.run.params.values())
     limit = 3
     positions = {v: len(engine.encode([PROMPT], v)[0]) + limit - 1 for v in (300, 500)}
     room = 4 * positions[500] + 1  # cache positions the budget leaves beside the weights
@@ -129,8 +120,8 @@ def test_admission_never_holds_more_than_the_budget(engine, scrambled, head):
     assert any(f"{8 - most} request(s) wait for memory at head {head}" in x for x in lines)
 
 
-def test_a_budget_that_cannot_hold_a_request_is_one_error(engine, scrambled):
-    weights = sum(x.size * x.dtype.itemsize for x in scrambled.params.values())
+def test_a_budget_that_cannot_hold_a_request_is_one_error(engine):
+    weights = sum(x.size * x.dtype.itemsize for x in engine.run.params.values())
     with pytest.raises(UserError, match=r"memory 1,024 bytes does not hold the run's weights"):
         serve(engine, burst(1, 3), [(None, 500)], ServeConfig(memory_bytes=1024))
     with pytest.raises(UserError, match=r"request 'r0' needs .* of KV cache at head 500"):

@@ -12,7 +12,10 @@ controller.py  Thresholds, derive_thresholds / training_bpb, controller_step (hy
 admission.py   MemoryPlan, plan_memory (the KV plan for a memory budget), admit_count
 records.py     ServeConfig, the records of a served trace, ServeResult (summary, JSON)
 continuous.py  the continuous-batching loop on the virtual clock
-server.py      serve (continuous or static batching on the virtual clock), memory_plan;
+live.py        LiveServer: the engine loop for live traffic on its own thread (http.py, the
+               HTTP endpoint over it, needs the serve extra and is not imported here)
+server.py      serve (continuous or static batching on the virtual clock), memory_plan,
+               live_server;
                load_serve_inputs and generate: what the serve and generate commands do
 """
 
@@ -44,6 +47,7 @@ from vocabjax.serving.engine import (
     bucket_length,
     load_run,
 )
+from vocabjax.serving.live import Delta, Draining, LiveRequest, LiveServer, Outcome, Ticket
 from vocabjax.serving.records import (
     BATCHING,
     DEFAULT_MAX_BATCH,
@@ -74,6 +78,7 @@ from vocabjax.serving.server import (
     admit,
     check_prompts,
     generate,
+    live_server,
     load_serve_inputs,
     memory_plan,
     prompt_room,
@@ -104,7 +109,9 @@ __all__ = [
     "Decision",
     "DecodeConfig",
     "Decoding",
+    "Delta",
     "DemoPhase",
+    "Draining",
     "Engine",
     "Finished",
     "Generated",
@@ -112,10 +119,13 @@ __all__ = [
     "HeadChoice",
     "Joined",
     "Joining",
+    "LiveRequest",
+    "LiveServer",
     "LoadedRun",
     "MemoryPlan",
     "Move",
     "Observation",
+    "Outcome",
     "PromptRoom",
     "QualityController",
     "Request",
@@ -133,6 +143,7 @@ __all__ = [
     "ServedRequest",
     "Switch",
     "Thresholds",
+    "Ticket",
     "admit",
     "admit_count",
     "bucket_length",
@@ -144,6 +155,7 @@ __all__ = [
     "demo_trace",
     "derive_thresholds",
     "generate",
+    "live_server",
     "load_policy",
     "load_run",
     "load_serve_inputs",

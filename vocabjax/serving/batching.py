@@ -97,6 +97,14 @@ class Call:
     joined: int = 0  # requests that joined (a join)
     bucket: int = 0  # padded prompt length of a join
 
+    def compiled_line(self) -> str:
+        """``compiled head 500: join at 4 rows, prompts of 16 tokens, in 1.20 s``."""
+        prompts = f", prompts of {self.bucket} tokens" if self.kind == "join" else ""
+        return (
+            f"compiled head {self.head}: {self.kind} at {self.rows} rows{prompts}, in "
+            f"{self.compile_s:.2f} s"
+        )
+
 
 @dataclasses.dataclass
 class _Row:
@@ -237,6 +245,29 @@ class RunningBatch:
         seconds = time.perf_counter() - started - compiled
         call = Call("steps", self.head, self.rows, running, seconds, compiled, ran, tokens)
         return finished, [call, *self._shrink()]
+
+    def partial(self) -> dict[Any, tuple[int, ...]]:
+        """Each held request's tokens so far (for streaming them)."""
+        if self._state is None:
+            return {}
+        n_b, out_bs = jax.device_get((self._state.n_b, self._state.out_bs))
+        return {
+            row.tag: tuple(map(int, out_bs[r, : n_b[r]]))
+            for r, row in enumerate(self._rows)
+            if row is not None
+        }
+
+    def cancel(self, tag: Any) -> bool:
+        """Stop the request ``tag`` (its client left): its row is free and runs no more.
+        False when the batch does not hold it."""
+        held = [r for r, row in enumerate(self._rows) if row is not None and row.tag == tag]
+        if not held:
+            return False
+        assert self._state is not None
+        self._rows[held[0]] = None
+        self._state = self._state._replace(real_b=self._state.real_b.at[held[0]].set(False))
+        self._shrink()
+        return True
 
     # ---- rows ---------------------------------------------------------------------------------
 

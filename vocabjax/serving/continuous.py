@@ -243,11 +243,7 @@ class Continuous:
         for c in calls:
             self.now += c.seconds
             if c.compile_s:
-                prompts = f", prompts of {c.bucket} tokens" if c.kind == "join" else ""
-                self.log(
-                    f"  compiled head {c.head}: {c.kind} at {c.rows} rows{prompts}, in "
-                    f"{c.compile_s:.2f} s (not charged to the clock)"
-                )
+                self.log(f"  {c.compiled_line()} (not charged to the clock)")
 
     def _wait_for_memory(self, blocked: list[int], head: int, need: int, *, alone: bool) -> None:
         """Count the ``blocked`` requests as waiting for memory (the first needs ``need``) and

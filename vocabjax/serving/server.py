@@ -55,6 +55,7 @@ from vocabjax.serving.controller import (
     training_bpb,
 )
 from vocabjax.serving.engine import Engine, Generation, LoadedRun, Sampling, load_run, prompt_ids
+from vocabjax.serving.live import LiveServer
 from vocabjax.serving.records import (
     DEFAULT_MAX_NEW_TOKENS,
     ServeConfig,
@@ -127,6 +128,20 @@ def _serve_static(
         if (k + 1) % config.progress_every == 0 and first < len(queue):
             log(record.progress_line(len(queue), now))
     return now
+
+
+def live_server(
+    inputs: ServeInputs, config: ServeConfig, *, progress: Progress | None = None
+) -> LiveServer:
+    """The engine loop for live traffic (``live.py``) over the inputs' run, routes and
+    thresholds, admitting within the KV plan of ``config.memory_bytes`` for traffic like
+    ``inputs.requests`` (a trace, or the demo's)."""
+    log = progress or (lambda _line: None)
+    plan = memory_plan(inputs.run, inputs.requests, config, log)
+    engine = Engine(inputs.run)
+    return LiveServer(
+        engine, inputs.routes, config, plan, thresholds=inputs.thresholds, progress=log
+    )
 
 
 def memory_plan(
