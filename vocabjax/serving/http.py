@@ -19,8 +19,10 @@ once.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import signal
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -59,8 +61,7 @@ FINISH = {"eos": "stop", "max_new_tokens": "length", "max_seq": "length"}
 def create_app(live: LiveServer) -> FastAPI:
     """The endpoint's app over ``live`` (started and stopped by the caller)."""
     app = FastAPI(title="vocabjax", docs_url=None, redoc_url=None)
-    ids = iter(range(1, 2**62))
-    lock = threading.Lock()
+    ids = itertools.count(1)  # the handlers all run on the server's one event loop
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -86,8 +87,7 @@ def create_app(live: LiveServer) -> FastAPI:
             return _error(503, str(exc), kind="unavailable")
         except UserError as exc:
             return _error(400, str(exc))
-        with lock:
-            name = f"cmpl-{next(ids)}"
+        name = f"cmpl-{next(ids)}"
         created = int(time.time())
         if not body.stream:
             try:
@@ -231,6 +231,11 @@ class DrainingServer(uvicorn.Server):
 
 def serve_http(live: LiveServer, *, host: str, port: int, log: Progress) -> None:
     """Run the endpoint until it is drained or stopped (blocking); ``live`` is started here."""
+    with socket.socket() as probe:  # a port in use is one error line, not uvicorn's exit
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise UserError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
     config = uvicorn.Config(create_app(live), host=host, port=port, log_level="warning")
     server = DrainingServer(config, live, log)
     live.start()
