@@ -30,6 +30,7 @@ import os
 import re
 import sys
 import sysconfig
+import warnings
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -444,10 +445,13 @@ def _c_module_docs() -> Iterator[str]:
     for name in sorted(sys.builtin_module_names):
         module = sys.modules.get(name)
         if module is None:
-            try:
-                module = __import__(name)
-            except ImportError:
-                continue
+            # read for its docstrings only: a module's own deprecation (spwd on 3.12) is not ours
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                try:
+                    module = __import__(name)
+                except ImportError:
+                    continue
         docs = [module.__doc__ or ""]
         for attr in sorted(dir(module)):
             obj = getattr(module, attr, None)
