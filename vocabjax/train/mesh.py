@@ -64,14 +64,17 @@ class MeshSpec:
     def __str__(self) -> str:
         return f"data={self.data},model={self.model}"
 
-    def check(self, *, batch: int, tables: Iterable[tuple[str, int]], devices: int) -> None:
-        """One UserError for a mesh that does not divide the devices, the batch, or the rows
-        of a token table (``(name, rows)``) it splits."""
+    def check_devices(self, devices: int) -> None:
         if devices % self.size:
             raise UserError(
                 f"{{mesh}} {self} ({self.size} devices) does not divide the {devices} devices",
                 settings=["mesh"],
             )
+
+    def check(self, *, batch: int, tables: Iterable[tuple[str, int]], devices: int) -> None:
+        """One UserError for a mesh that does not divide the devices, the batch, or the rows
+        of a token table (``(name, rows)``) it splits."""
+        self.check_devices(devices)
         if batch % self.data:
             raise UserError(
                 f"{{mesh}} {self} does not divide {{batch}} {batch}: each of the {self.data} "
@@ -88,7 +91,7 @@ class MeshSpec:
 
     def make(self, devices: Sequence[jax.Device] | None = None) -> Mesh:
         devices = list(jax.devices() if devices is None else devices)
-        self.check(batch=self.data, tables=(), devices=len(devices))
+        self.check_devices(len(devices))
         return Mesh(np.array(devices[: self.size]).reshape(self.data, self.model), AXES)
 
 
