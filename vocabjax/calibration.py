@@ -206,6 +206,24 @@ def fit_profile(
     (``dtype``: the peak the samples ran at). The returned profile carries the tables and a
     ``calibration`` record: the knots' provenance, the split, and the held-out errors before and
     after. Raises UserError when the fit split is smaller than ``MIN_FIT_SAMPLES``."""
+    fit, held = _split(samples)
+    problem = _Problem.of(device, fit, dtype)
+    params = jax.device_get(_minimize(problem.loss, _start(device)))
+    if not all(np.all(np.isfinite(v)) for v in params.values()):
+        raise UserError("the fit did not converge (a parameter is not finite)")
+    sd = problem.residual_sd(params)
+    record = {"source": source, "fit_points": len(fit), "held_out_points": len(held),
+              "log_residual_sd": sd}  # fmt: skip
+    return Fit(
+        profile=problem.profile(params, record),
+        fit_keys=tuple(s.key for s in fit),
+        held_keys=tuple(s.key for s in held),
+        log_residual_sd=sd,
+    )
+
+
+def _split(samples: Sequence[Sample]) -> tuple[list[Sample], list[Sample]]:
+    """(fit, held out) by ``is_held_out``; a UserError when either is too small to fit on."""
     fit = [s for s in samples if not is_held_out(s.key)]
     held = [s for s in samples if is_held_out(s.key)]
     if len(fit) < MIN_FIT_SAMPLES:
@@ -216,73 +234,100 @@ def fit_profile(
         )
     if not held:
         raise UserError(f"none of the {len(samples)} points fell in the held-out split")
-    ops = _pad(fit)
-    works = (ops.flops > 0) | (ops.nbytes > 0)
-    fits_dispatch = bool(np.any(ops.calls > 0))
-    fitted_kinds = [k for i, k in enumerate(OP_KINDS, 1) if np.any((ops.kinds == i) & works)]
-    knots = {
-        "compute_table": _knots(ops.flops / ops.kernels),
-        "intensity_table": _knots(np.where(ops.nbytes > 0, ops.intensity, np.nan)),
-        "memory_table": _knots(ops.nbytes / ops.kernels),
-    }
-    peak, bandwidth = device.flops(dtype), device.hbm_bandwidth
-    log_measured = jnp.log(jnp.asarray([s.measured_s for s in fit], jnp.float32))
-    jops = _Ops(*(jnp.asarray(a, jnp.int32 if a.dtype.kind == "i" else jnp.float32) for a in ops))
+    return fit, held
 
-    def predict(params):
+
+@dataclasses.dataclass(frozen=True)
+class _Problem:
+    """The fit split as arrays, the tables' knots, and which terms its samples carry."""
+
+    device: DeviceProfile
+    ops: _Ops  # as jnp arrays
+    log_measured: jax.Array
+    knots: dict[str, tuple[float, ...]]  # DeviceProfile table field -> its knots
+    peak: float
+    bandwidth: float
+    fits_dispatch: bool  # some sample is charged a host call
+    fitted_kinds: tuple[str, ...]  # the op kinds some sample holds
+
+    @classmethod
+    def of(cls, device: DeviceProfile, fit: Sequence[Sample], dtype: str) -> _Problem:
+        ops = _pad(fit)
+        works = (ops.flops > 0) | (ops.nbytes > 0)
+        return cls(
+            device=device,
+            ops=_Ops(
+                *(jnp.asarray(a, jnp.int32 if a.dtype.kind == "i" else jnp.float32) for a in ops)
+            ),  # fmt: skip
+            log_measured=jnp.log(jnp.asarray([s.measured_s for s in fit], jnp.float32)),
+            knots={
+                "compute_table": _knots(ops.flops / ops.kernels),
+                "intensity_table": _knots(np.where(ops.nbytes > 0, ops.intensity, np.nan)),
+                "memory_table": _knots(ops.nbytes / ops.kernels),
+            },
+            peak=device.flops(dtype),
+            bandwidth=device.hbm_bandwidth,
+            fits_dispatch=bool(np.any(ops.calls > 0)),
+            fitted_kinds=tuple(
+                k for i, k in enumerate(OP_KINDS, 1) if np.any((ops.kinds == i) & works)
+            ),
+        )
+
+    def predict(self, params):
         trial = _Trial(
-            **{f: EfficiencyTable(knots[f], jnp.exp(params[f])) for f in FIT_TABLES},
+            **{f: EfficiencyTable(self.knots[f], jnp.exp(params[f])) for f in FIT_TABLES},
             overlap=jax.nn.sigmoid(params["overlap"]),
         )
         scales = jnp.concatenate([jnp.ones(1), jnp.exp(params["kinds"])])
         launch, dispatch = jnp.exp(params["launch"]), jnp.exp(params["dispatch"])
-        return price(trial, scales, launch, dispatch, jops, peak=peak, bandwidth=bandwidth,
-                     xp=jnp)  # fmt: skip
+        return price(trial, scales, launch, dispatch, self.ops, peak=self.peak,
+                     bandwidth=self.bandwidth, xp=jnp)  # fmt: skip
 
-    def loss(params):
-        resid = jnp.log(predict(params)) - log_measured
+    def loss(self, params):
+        resid = jnp.log(self.predict(params)) - self.log_measured
         smooth = sum(jnp.sum(jnp.diff(params[f]) ** 2) for f in FIT_TABLES)
         return jnp.mean(resid**2) + SMOOTHNESS * smooth
 
-    params = jax.device_get(_minimize(loss, _start(device)))
-    if not all(np.all(np.isfinite(v)) for v in params.values()):
-        raise UserError("the fit did not converge (a parameter is not finite)")
-    sd = float(np.std(np.log(np.asarray(predict(params))) - np.asarray(log_measured)))
-    dispatch = float(np.exp(params["dispatch"])) if fits_dispatch else device.dispatch_overhead_s
-    scales = {
-        f"{k}_efficiency": float(np.exp(u)) if k in fitted_kinds else device.kind_efficiency(k)
-        for k, u in zip(OP_KINDS, params["kinds"], strict=True)
-    }
-    tables = {f: _table(knots[f], params[f]) for f in FIT_TABLES}
-    refitted = ["launch overhead"] + ["dispatch overhead"] * fits_dispatch
-    refitted += [f"{k} efficiency" for k in fitted_kinds]
-    profile = dataclasses.replace(
-        device,
-        **scales,
-        **tables,
-        overlap=float(jax.nn.sigmoid(params["overlap"])),
-        launch_overhead_s=float(np.exp(params["launch"])),
-        dispatch_overhead_s=dispatch,
-        source=f"{device.source}; calibrated: {source}",
-        calibration={
-            "source": source,
-            "method": f"least squares on log step time; {KNOTS} log-spaced knots per table "
+    def residual_sd(self, params) -> float:
+        resid = np.log(np.asarray(self.predict(params))) - np.asarray(self.log_measured)
+        return float(np.std(resid))
+
+    def profile(self, params, record: dict[str, Any]) -> DeviceProfile:
+        """``device`` with the fitted parameters; terms no sample carries keep its values."""
+        device = self.device
+        scales = {
+            f"{k}_efficiency": float(np.exp(u)) if k in self.fitted_kinds
+            else device.kind_efficiency(k)
+            for k, u in zip(OP_KINDS, params["kinds"], strict=True)
+        }  # fmt: skip
+        refitted = ["launch overhead"] + ["dispatch overhead"] * self.fits_dispatch
+        refitted += [f"{k} efficiency" for k in self.fitted_kinds]
+        base = {"base_launch_overhead_s": device.launch_overhead_s}
+        if self.fits_dispatch:
+            base["base_dispatch_overhead_s"] = device.dispatch_overhead_s
+        method = (
+            f"least squares on log step time; {KNOTS} log-spaced knots per table "
             f"({', '.join(TABLE_FIELDS[f] for f in FIT_TABLES)}); {', '.join(refitted)} "
-            f"refitted; {len(fit)} points fitted, {len(held)} held out by a hash of each "
-            "point's key",
-            "base_launch_overhead_s": device.launch_overhead_s,
-            **({"base_dispatch_overhead_s": device.dispatch_overhead_s} if fits_dispatch else {}),
-            "fit_points": len(fit),
-            "held_out_points": len(held),
-            "log_residual_sd": sd,
-        },
-    )
-    return Fit(
-        profile=profile,
-        fit_keys=tuple(s.key for s in fit),
-        held_keys=tuple(s.key for s in held),
-        log_residual_sd=sd,
-    )
+            f"refitted; {record['fit_points']} points fitted, {record['held_out_points']} held "
+            "out by a hash of each point's key"
+        )
+        return dataclasses.replace(
+            device,
+            **scales,
+            **{f: _table(self.knots[f], params[f]) for f in FIT_TABLES},
+            overlap=float(jax.nn.sigmoid(params["overlap"])),
+            launch_overhead_s=float(np.exp(params["launch"])),
+            dispatch_overhead_s=float(np.exp(params["dispatch"]))
+            if self.fits_dispatch
+            else device.dispatch_overhead_s,  # fmt: skip
+            source=f"{device.source}; calibrated: {record['source']}",
+            calibration={
+                "source": record["source"],
+                "method": method,
+                **base,
+                **{k: v for k, v in record.items() if k != "source"},
+            },  # fmt: skip
+        )
 
 
 def _start(device: DeviceProfile) -> dict[str, Any]:
