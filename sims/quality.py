@@ -415,15 +415,36 @@ def verdict(agrees: bool | None, criterion: str) -> str:
 
 
 def report(a, parts, results, comp, seconds: float) -> tuple[str, dict[str, Any]]:
+    """docs/quality.md's text and sims/data/quality.json's content from the finished runs."""
     table, rows = bpb_table(a, parts, results)
     spreads = spread_rows(a, rows)
     pruned = mean_ci(pruned_rows(a, parts, results))
     heads = heads_rows(a, results)
     saving = parameter_saving(a)
     speeds = throughput_rows(a, rows)
-    n = len(a.seeds)
-    scale0, spec_last = name(a.scales[0]), a.corpora[-1]
+    claims = claim_rows(a, spreads, pruned, heads, saving, speeds, comp)
+    body = report_body(a, parts, results, comp, seconds, claims, table, heads, saving)
+    data = {
+        "schema": 1,
+        "kind": "quality_study",
+        "command": command(),
+        "seconds": round(seconds, 1),
+        "settings": {k: v for k, v in vars(a).items() if k not in ("plan",)},
+        "bpb": rows,
+        "spread": spreads,
+        "pruned_pct": pruned_rows(a, parts, results),
+        "heads": heads,
+        "parameter_saving": saving,
+        "throughput": speeds,
+        "compression": comp,
+        "runs": results,
+    }
+    return "\n".join(body), data
 
+
+def claim_rows(a, spreads, pruned, heads, saving, speeds, comp) -> list[str]:
+    """One table row per claim: the measured figure, its interval over seeds and a verdict."""
+    scale0, spec_last = name(a.scales[0]), a.corpora[-1]
     claims = ["| claim | measured | 95% interval over seeds | verdict |", "|---|---|---|---|"]
     for s in spreads:
         m, lo, hi = s["spread"]
@@ -466,6 +487,14 @@ def report(a, parts, results, comp, seconds: float) -> tuple[str, dict[str, Any]
             f"compression table | {verdict(abs(cut - 0.2) <= 0.05, 'within 5 points of 20%')} |"
         )
 
+    return claims
+
+
+def report_body(a, parts, results, comp, seconds, claims, table, heads, saving) -> list[str]:
+    """The sections of docs/quality.md: the settings, the claims and each part's table. Most of
+    its length is the documents' prose, kept in one place so it reads in order."""
+    n = len(a.seeds)
+    scale0, spec_last = name(a.scales[0]), a.corpora[-1]
     body = [
         f"Study time: {run_seconds(a.work) / 60:.1f} min of training runs in all "
         f"({len(results)} runs, over every invocation; this one took {seconds / 60:.1f} min). "
@@ -543,22 +572,7 @@ def report(a, parts, results, comp, seconds: float) -> tuple[str, dict[str, Any]
             for p in comp["points"]
         ],
     ]
-    data = {
-        "schema": 1,
-        "kind": "quality_study",
-        "command": command(),
-        "seconds": round(seconds, 1),
-        "settings": {k: v for k, v in vars(a).items() if k not in ("plan",)},
-        "bpb": rows,
-        "spread": spreads,
-        "pruned_pct": pruned_rows(a, parts, results),
-        "heads": heads,
-        "parameter_saving": saving,
-        "throughput": speeds,
-        "compression": comp,
-        "runs": results,
-    }
-    return "\n".join(body), data
+    return body
 
 
 def plot(a, rows, path: Path) -> None:
