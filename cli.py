@@ -38,6 +38,7 @@ from vocabjax.outputs import atomic_write_json, check_file_target
 from vocabjax.planning import kv_table, make_plan, parse_workload, policy_json
 from vocabjax.plots import check_plot_path, plot_sweep
 from vocabjax.serving.controller import DEFAULT_BAND, DEFAULT_WINDOW
+from vocabjax.serving.mixing import MIXING
 from vocabjax.serving.records import BATCHING, DEFAULT_MAX_BATCH, DEFAULT_MAX_NEW_TOKENS
 from vocabjax.shapes import BUILTIN_SHAPES, DEFAULT_MODEL, load_shape
 from vocabjax.trainprofile import load_training
@@ -1189,6 +1190,20 @@ def _timing_columns(t: dict) -> dict:
     "[default: the device's memory; 2g on a CPU].",
 )
 @click.option(
+    "--mixing",
+    type=click.Choice(MIXING),
+    default=MIXING[0],
+    help="Continuous batching: requests at different heads share one decode step (each row "
+    "over its own prefix of W) or run as separate groups [default: auto: whichever the cost "
+    "model prices cheaper for the mix].",
+)
+@click.option(
+    "--device",
+    "device_spec",
+    help="Device profile (builtin name or .json) that prices --mixing auto [default: "
+    "$VOCABJAX_DEVICE_PROFILE, else the a100-80gb datasheet].",
+)
+@click.option(
     "--max-new-tokens",
     type=click.IntRange(1),
     default=DEFAULT_MAX_NEW_TOKENS,
@@ -1274,6 +1289,8 @@ def serve(run_dir, policy, trace, demo, save_trace, plot, fmt, port, host, **opt
         sampling=Sampling(options["temperature"], options["top_k"], options["seed"]),
         batching=options["batching"],
         memory_bytes=options["memory"],
+        mixing=options["mixing"],
+        device=load_device(options["device_spec"]) if options["device_spec"] else None,
     )
     inputs = load_serve_inputs(
         run_dir, policy, trace=trace, seed=options["seed"], max_new_tokens=config.max_new_tokens,
@@ -1384,9 +1401,11 @@ def _batching_line(result) -> str:
         return line
     from vocabjax.serving.admission import human_bytes
 
+    mixed = f"; {s['mixed_steps']:,} decode steps with heads mixed" if s["mixed_steps"] else ""
     return line + (
         f"; KV cache peak {human_bytes(s['kv_peak_bytes'] or 0)} of "
         f"{human_bytes(result.memory.kv_budget)}; {s['memory_waits']} request(s) waited for memory"
+        + mixed
     )
 
 

@@ -10,6 +10,8 @@ trace.py       Request, load_trace / write_trace (JSONL), demo_trace (builtin co
 controller.py  Thresholds, derive_thresholds / training_bpb, controller_step (hysteresis, a
                pure function) and its host caller QualityController
 admission.py   MemoryPlan, plan_memory (the KV plan for a memory budget), admit_count
+mixing.py      Pricer: rows at several heads in one decode step or in separate groups, the
+               cheaper by the cost model
 records.py     ServeConfig, the records of a served trace, ServeResult (summary, JSON)
 continuous.py  the continuous-batching loop on the virtual clock
 live.py        LiveServer: the engine loop for live traffic on its own thread (http.py, the
@@ -48,6 +50,7 @@ from vocabjax.serving.engine import (
     load_run,
 )
 from vocabjax.serving.live import Delta, Draining, LiveRequest, LiveServer, Outcome, Ticket
+from vocabjax.serving.mixing import MIXING, Group, Placement, Pricer
 from vocabjax.serving.records import (
     BATCHING,
     DEFAULT_MAX_BATCH,
@@ -123,6 +126,10 @@ __all__ = [
     "LiveServer",
     "LoadedRun",
     "MemoryPlan",
+    "MIXING",
+    "Group",
+    "Placement",
+    "Pricer",
     "Move",
     "Observation",
     "Outcome",

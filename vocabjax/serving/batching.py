@@ -19,6 +19,11 @@ A request's tokens do not depend on the rows it shares a batch with or on when i
 model computes each row on its own, greedy picks are per row, and a sampled row draws token j
 with ``fold_in(Joining.key, j)``. So a request gets what ``Engine.generate`` gives it alone
 with that key (``solo_key``; tested).
+
+Rows may be at different nested heads (``join(..., head=V)``): a batch whose running rows are
+all at one head steps over that head as before; one that holds several (a mixed group, see
+``mixing.py``) steps over the widest head ``W[:V_max]``, each row picking over its own prefix
+``W[:V_row]`` (``decode.pick_masked``), so a row's tokens are still those of its own head.
 """
 
 from __future__ import annotations
@@ -96,12 +101,14 @@ class Call:
     tokens: int = 0  # tokens those steps produced for running rows
     joined: int = 0  # requests that joined (a join)
     bucket: int = 0  # padded prompt length of a join
+    mixed: bool = False  # decode steps of rows at several heads (``head``: the widest)
 
     def compiled_line(self) -> str:
         """``compiled head 500: join at 4 rows, prompts of 16 tokens, in 1.20 s``."""
         prompts = f", prompts of {self.bucket} tokens" if self.kind == "join" else ""
+        mixed = " (heads mixed)" if self.mixed else ""
         return (
-            f"compiled head {self.head}: {self.kind} at {self.rows} rows{prompts}, in "
+            f"compiled head {self.head}{mixed}: {self.kind} at {self.rows} rows{prompts}, in "
             f"{self.compile_s:.2f} s"
         )
 
@@ -110,11 +117,13 @@ class Call:
 class _Row:
     tag: Any
     prompt_tokens: int
+    head: int  # the head it runs at
 
 
 class RunningBatch:
-    """The running rows of one head: the decode carry on the device and, per row, the request
-    it holds (host side). Not thread-safe: one caller drives it."""
+    """The running rows of a batch, at one head or several nested heads: the decode carry on
+    the device and, per row, the request it holds (host side). Not thread-safe: one caller
+    drives it."""
 
     def __init__(
         self,
@@ -128,7 +137,7 @@ class RunningBatch:
         if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
             raise ValueError(f"max_rows={max_rows!r} must be a positive integer")
         self.engine = engine
-        self.head = head
+        self.head = head  # the head requests join at unless ``join`` names another
         self.sampling = sampling or Sampling()
         self.max_rows = max_rows
         self.score = score
@@ -152,11 +161,35 @@ class RunningBatch:
         """Requests that can still join."""
         return self.max_rows - self.live
 
+    @property
+    def mix(self) -> dict[int, int]:
+        """The held requests per head."""
+        out: dict[int, int] = {}
+        for row in self._rows:
+            if row is not None:
+                out[row.head] = out.get(row.head, 0) + 1
+        return out
+
+    @property
+    def vocab(self) -> int:
+        """The head its decode steps run over: the widest head it holds (``head`` when empty)."""
+        return max(self.mix, default=self.head)
+
+    @property
+    def mixed(self) -> bool:
+        """Whether it holds requests at several heads (its steps mask each row's prefix)."""
+        return len(self.mix) > 1
+
     # ---- the calls ----------------------------------------------------------------------------
 
-    def join(self, joining: Sequence[Joining]) -> tuple[list[Joined], list[Finished], list[Call]]:
-        """Prefill ``joining`` (their rows alone) into free rows: each one's prompt tokens and
-        nats, the requests that stopped at their first token, and the device calls made."""
+    def join(
+        self, joining: Sequence[Joining], head: int | None = None
+    ) -> tuple[list[Joined], list[Finished], list[Call]]:
+        """Prefill ``joining`` (their rows alone, their ids at ``head``, by default the
+        batch's) into free rows: each one's prompt tokens and nats, the requests that stopped
+        at their first token, and the device calls made."""
+        head = self.head if head is None else head
+        config = self.engine.config(head, self.sampling, self.score)
         n = len(joining)
         if n == 0:
             return [], [], []
@@ -175,7 +208,7 @@ class RunningBatch:
         free = [r for r, row in enumerate(self._rows) if row is None][:n]
         n_pad = 1 << (n - 1).bit_length()
         lengths = [len(j.ids) for j in joining]
-        bucket = bucket_length(max(lengths), self.config.max_seq)
+        bucket = bucket_length(max(lengths), config.max_seq)
         ids_nt = np.zeros((n_pad, bucket), np.int32)
         for row, j in zip(ids_nt, joining, strict=False):
             row[: len(j.ids)] = j.ids
@@ -185,8 +218,8 @@ class RunningBatch:
         params = self.engine.run.params
         s = self.sampling
         prefill, compile_p = self.engine.function(
-            ("prefill", self.head, n_pad, bucket, s.temperature, s.top_k, self.score),
-            functools.partial(decode.prefill, self.config),
+            ("prefill", head, n_pad, bucket, s.temperature, s.top_k, self.score),
+            functools.partial(decode.prefill, config),
             (params, jnp.asarray(ids_nt), lengths_n, keys_n),
         )
         caches, first_n, nats_n = prefill(params, jnp.asarray(ids_nt), lengths_n, keys_n)
@@ -202,8 +235,8 @@ class RunningBatch:
             jnp.asarray(np.asarray(free + [self.rows] * pad, np.int32)),
         )
         join, compile_j = self.engine.function(
-            ("join", self.head, self.rows, n_pad),
-            functools.partial(decode.join, self.config),
+            ("join", head, self.rows, n_pad),
+            functools.partial(decode.join, config),
             args,
             donate=(0, 1),
         )
@@ -212,13 +245,13 @@ class RunningBatch:
         nats = [None] * n if nats_n is None else [float(x) for x in nats_n[:n]]
         joined = []
         for r, j, nll in zip(free, joining, nats, strict=True):
-            self._rows[r] = _Row(j.tag, len(j.ids))
+            self._rows[r] = _Row(j.tag, len(j.ids), head)
             joined.append(Joined(j.tag, len(j.ids), nll))
         finished = self._collect(counts)
         compiled += compile_p + compile_j
         seconds = time.perf_counter() - started - compiled
         calls.append(
-            Call("join", self.head, self.rows, running, seconds, compiled, joined=n, bucket=bucket)
+            Call("join", head, self.rows, running, seconds, compiled, joined=n, bucket=bucket)
         )
         return joined, finished, calls + self._shrink()
 
@@ -230,10 +263,12 @@ class RunningBatch:
         started = time.perf_counter()
         running = self.live
         params, s = self.engine.run.params, self.sampling
+        vocab, mixed = self.vocab, self.mixed
+        config = dataclasses.replace(self.engine.config(vocab, s, self.score), mixed=mixed)
         args = (params, self._state, self._keys_b, jnp.int32(max_steps))
         steps, compiled = self.engine.function(
-            ("steps", self.head, self.rows, s.temperature, s.top_k),
-            functools.partial(decode.decode_some, self.config),
+            ("steps", vocab, self.rows, s.temperature, s.top_k, mixed),
+            functools.partial(decode.decode_some, config),
             args,
             donate=(1,),
         )
@@ -243,7 +278,7 @@ class RunningBatch:
         finished = self._collect(counts)
         ran, tokens = (int(x) - y for x, y in zip(counts[:2], before, strict=True))
         seconds = time.perf_counter() - started - compiled
-        call = Call("steps", self.head, self.rows, running, seconds, compiled, ran, tokens)
+        call = Call("steps", vocab, self.rows, running, seconds, compiled, ran, tokens, mixed=mixed)
         return finished, [call, *self._shrink()]
 
     def partial(self) -> dict[Any, tuple[int, ...]]:
@@ -296,7 +331,7 @@ class RunningBatch:
         running = len(held)
         self._rows = [self._rows[r] for r in held] + [None] * (rows - len(held))
         seconds = time.perf_counter() - started - compiled
-        return Call("regroup", self.head, rows, running, seconds, compiled)
+        return Call("regroup", self.vocab, rows, running, seconds, compiled)
 
     def _shrink(self) -> list[Call]:
         """Drop an empty batch; regroup one whose requests fill at most 1/SHRINK of its rows."""

@@ -7,12 +7,15 @@ Each round, at the clock's ``now``:
    running, the clock jumps to the next arrival;
 2. admission: the router takes the policy's route for B = the requests running at every head
    plus those waiting (at most ``max_batch``), shifted by the controller's offset; the waiting
-   requests join that head's running batch first come first served while it runs fewer than
+   requests are admitted at that head first come first served while it runs fewer than
    ``min(max_batch, b_max(head))`` and every head's KV reservations fit the budget
-   (``admission.admit_count``). They are prefilled together (the running rows are not
-   recomputed), and each prompt's bits per byte goes to the quality controller as it joins. A
-   request that waits for memory is logged once and counted;
-3. decoding: every head with running requests runs ``RunningBatch.advance(k)`` (its on-device
+   (``admission.admit_count``), and join a running group: one of their own head, or one whose
+   rows are at other heads (one decode step for all, each row over its own prefix of W), or a
+   new one, whichever the cost model prices cheapest for the next decode step of every group
+   (``mixing.Pricer.place``; ``ServeConfig.mixing`` can force either). They are prefilled
+   together (the running rows are not recomputed), and each prompt's bits per byte goes to the
+   quality controller as it joins. A request that waits for memory is logged once and counted;
+3. decoding: every group with running requests runs ``RunningBatch.advance(k)`` (its on-device
    loop), which ends early when a request stops. k runs to the step at which a request stops
    when requests are waiting (a stop frees a row and its memory), else to about the next
    arrival (the time left over the last measured seconds per step, at least 1).
@@ -34,10 +37,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from vocabjax.errors import UserError
+from vocabjax.hardware import DeviceProfile
 from vocabjax.progress import Progress
 from vocabjax.serving.admission import MemoryPlan, admit_count, human_bytes
 from vocabjax.serving.batching import Call, Finished, Joining, RunningBatch, solo_key
 from vocabjax.serving.engine import Engine
+from vocabjax.serving.mixing import Group, Placement, Pricer
 from vocabjax.serving.records import ServeConfig, ServedBatch, ServedChunk, ServedRequest, _Record
 from vocabjax.serving.router import Routes, route_batch
 from vocabjax.serving.trace import Request
@@ -75,6 +80,7 @@ class Continuous:
         record: _Record,
         plan: MemoryPlan,
         log: Progress,
+        device: DeviceProfile,
     ) -> None:
         self.engine, self.queue, self.routes, self.config = engine, queue, routes, config
         self.record, self.plan, self.log = record, plan, log
@@ -83,11 +89,15 @@ class Continuous:
         self.now = 0.0
         self.upcoming = 0  # the first request that has not arrived by now
         self.waiting: collections.deque[int] = collections.deque()
-        self.batches: dict[int, RunningBatch] = {}
+        self.groups: list[RunningBatch] = []  # running groups, each at one head or several
+        self.numbers: dict[RunningBatch, int] = {}  # each group's number, in order of creation
         self.held: dict[int, _Held] = {}
         self.memory_waits: set[int] = set()
-        self.per_step: dict[tuple[int, int], float] = {}  # (head, rows) -> last s per step
+        # (head, rows, mixed) -> the last measured seconds per decode step
+        self.per_step: dict[tuple[int, int, bool], float] = {}
         self._ids: dict[tuple[int, int], np.ndarray] = {}
+        self.pricer = Pricer.of(engine, device, max_rows=config.max_batch, sampling=config.sampling)
+        self._said: dict[frozenset[int], bool] = {}  # heads of a mixing choice -> mixed, logged
 
     # ---- the loop -----------------------------------------------------------------------------
 
@@ -111,12 +121,11 @@ class Continuous:
         load = min(len(self.held) + len(self.waiting), config.max_batch)
         route = route_batch(self.heads, self.routes, batch=load, offset=self.record.offset)
         head = route.head
-        batch = self._batch(head)
         need = [plan.sequence_bytes(len(self.ids(i, head)), self.limit(i)) for i in self.waiting]
         n, wait = admit_count(
             need,
             held_bytes=self.kv_bytes,
-            running=batch.live,
+            running=self.running_at(head),
             max_batch=config.max_batch,
             b_max=plan.b_max[head],
             kv_budget=plan.kv_budget,
@@ -129,11 +138,12 @@ class Continuous:
         k = len(self.record.batches)
         self.record.route(self.now, load, k)  # the same decision, kept: they join
         start = self.now
+        place, batch = self._place(head, n)
+        running = self.running_at(head) + n  # at the head once they joined (some may stop at once)
         joining = [Joining(i, self.ids(i, head), self.limit(i), self.key(i)) for i in admitted]
-        joined, finished, calls = batch.join(joining)
+        joined, finished, calls = batch.join(joining, head)
         self._charge(calls)
         join = next(c for c in calls if c.kind == "join")
-        running = join.running + n  # at the head once they joined (a request may stop at once)
         bpbs = []
         for j, kv in zip(joined, need[:n], strict=True):
             r = self.queue[j.tag]
@@ -164,6 +174,9 @@ class Continuous:
                 mean_bpb=sum(bpbs) / n,
                 running=running,
                 kv_bytes=self.kv_bytes,
+                group=self.numbers[batch],
+                mixed=place.mixed,
+                grouping=place.reason,
             )
         )
         if wait == "memory":  # said once the others have joined: what they hold
@@ -173,9 +186,9 @@ class Continuous:
             self.log(self.record.progress_line(len(self.queue), self.now))
 
     def decode(self) -> None:
-        """Every head with running requests runs its on-device loop for k steps at most."""
+        """Every group with running requests runs its on-device loop for k steps at most."""
         k = self._steps()
-        for batch in [b for b in self.batches.values() if b.live]:
+        for batch in [b for b in self.groups if b.live]:
             held, kv = len(self.held), self.kv_bytes
             finished, calls = batch.advance(k)
             for c in calls:
@@ -193,12 +206,14 @@ class Continuous:
                         new_tokens=c.tokens,
                         held=held,
                         kv_bytes=kv,
+                        mixed=c.mixed,
                     )
                 )
                 if c.steps:
-                    self.per_step[(c.head, c.rows)] = c.seconds / c.steps
+                    self.per_step[(c.head, c.rows, c.mixed)] = c.seconds / c.steps
                 self._charge([c])
             self._finish(finished)
+        self.groups = [b for b in self.groups if b.live]  # an emptied group is dropped
 
     def _steps(self) -> int:
         """Decode steps before the host looks again: to the next stop while requests wait,
@@ -206,14 +221,18 @@ class Continuous:
         longest = self.run.max_seq
         if self.waiting or self.upcoming >= len(self.queue):
             return longest
-        live = [b for b in self.batches.values() if b.live]
-        per_step = sum(self.per_step.get((b.head, b.rows), 0.0) for b in live)
+        live = [b for b in self.groups if b.live]
+        per_step = sum(self.per_step.get((b.vocab, b.rows, b.mixed), 0.0) for b in live)
         if per_step <= 0:
             return 1
         gap = self.queue[self.upcoming].arrival_s - self.now
         return int(min(max(gap / per_step, 1), longest))
 
     # ---- bookkeeping --------------------------------------------------------------------------
+
+    def running_at(self, head: int) -> int:
+        """The requests running at ``head``, in every group."""
+        return sum(h.head == head for h in self.held.values())
 
     @property
     def kv_bytes(self) -> int:
@@ -231,12 +250,27 @@ class Continuous:
     def key(self, i: int):
         return solo_key(request_seed(self.config.sampling.seed, i))
 
-    def _batch(self, head: int) -> RunningBatch:
-        if head not in self.batches:
-            self.batches[head] = RunningBatch(
+    def _place(self, head: int, n: int) -> tuple[Placement, RunningBatch]:
+        """The group ``n`` requests at ``head`` join (``mixing.Pricer.place``); a choice
+        between mixing heads and separate groups is logged when it is new or changed for those
+        heads."""
+        live = [b for b in self.groups if b.live]
+        groups = [Group(b.mix, b.rows) for b in live]
+        place = self.pricer.place(groups, head=head, joining=n, mixing=self.config.mixing)
+        if place.group is None:
+            batch = RunningBatch(
                 self.engine, head, self.config.sampling, max_rows=self.config.max_batch, score=True
             )
-        return self.batches[head]
+            self.groups.append(batch)
+            self.numbers[batch] = len(self.numbers)
+        else:
+            batch = live[place.group]
+        if place.choice:
+            heads = frozenset({head, *(v for b in live for v in b.mix)})
+            if self._said.get(heads) != place.mixed:
+                self._said[heads] = place.mixed
+                self.log(f"  {place.reason}")
+        return place, batch
 
     def _charge(self, calls: Sequence[Call]) -> None:
         """The clock advances by each call's service time; a new shape's compiling is logged."""
@@ -265,7 +299,7 @@ class Continuous:
             f"  {len(blocked)} request(s) wait for memory at head {head} (first {first.id}, "
             f"needing {human_bytes(need)}): {len(self.held)} running hold "
             f"{human_bytes(self.kv_bytes)} of the {human_bytes(plan.kv_budget)} KV budget, "
-            f"{self.batches[head].live} at head {head} (b_max {plan.b_max[head]})"
+            f"{self.running_at(head)} at head {head} (b_max {plan.b_max[head]})"
         )
 
     def _finish(self, finished: Sequence[Finished]) -> None:

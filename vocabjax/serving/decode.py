@@ -30,6 +30,11 @@ is keyed per row: ``rng`` is one key for the batch (row i gets ``fold_in(rng, i)
 per row, and a row's token j (0: the prefill's pick) uses ``fold_in(row key, j)``. So a key
 reproduces a generation, and a row's tokens depend on its own key alone, never on its row or
 the rows beside it.
+
+Rows at several nested heads can share a step (``DecodeConfig.mixed``, ``head`` the widest):
+each row's head is in the carry (``vocab_b``) and ``pick_masked`` picks over its own prefix
+``W[:vocab_b]`` of ``W[:head]``, which is what the row's own head would pick where that pick is
+``unembed``'s xla path.
 """
 
 from __future__ import annotations
@@ -43,10 +48,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from pallas_kernels import noise
 from vocabjax import unembed
 from vocabjax.errors import UserError
 from vocabjax.models import GPT, head_loss
 from vocabjax.train import IGNORE, Functional
+from vocabjax.unembed.chunked import tile_logits
 
 Stop = Literal["eos", "max_new_tokens", "max_seq"]
 # How the decode loop marks a row: still running, or why it stopped.
@@ -88,6 +95,8 @@ class DecodeConfig:
     sampling: Sampling = Sampling()  # greedy or sampled; its seed is not read (rng is an argument)
     separator: int | None = None  # the id that stops a row (the stop is not part of its text)
     score: bool = False  # prefill also returns each prompt's nats under the head
+    # rows at several nested heads: each picks over its own prefix W[:vocab_b] of W[:head]
+    mixed: bool = False
 
     @property
     def stop_id(self) -> int:
@@ -106,6 +115,7 @@ class Decoding(NamedTuple):
     pos_b: jax.Array  # where each row's next fed token goes
     limits_b: jax.Array  # most tokens each row may generate
     real_b: jax.Array  # rows that hold a request (the others never run)
+    vocab_b: jax.Array  # each row's head V (a mixed step picks over W[:V] of the row)
     steps: jax.Array  # decode steps run
     produced: jax.Array  # tokens the steps produced for running rows
 
@@ -119,10 +129,18 @@ def row_keys(rng: jax.Array, rows: int) -> jax.Array:
 
 
 def pick(
-    config: DecodeConfig, model: GPT, h_bd: jax.Array, keys_b: jax.Array, j_b: jax.Array
+    config: DecodeConfig,
+    model: GPT,
+    h_bd: jax.Array,
+    keys_b: jax.Array,
+    j_b: jax.Array,
+    vocab_b: jax.Array | None = None,
 ) -> jax.Array:
     """The next token of each row from its hidden state (B, D), the row's token ``j_b`` drawn
-    with ``fold_in(keys_b, j_b)``; -1 where the state is not finite."""
+    with ``fold_in(keys_b, j_b)``; -1 where the state is not finite. ``vocab_b``: each row
+    picks over its own prefix ``W[:vocab_b]`` of the head (``pick_masked``)."""
+    if vocab_b is not None:
+        return pick_masked(config, model, h_bd, keys_b, j_b, vocab_b)
     w_vd = model.head(config.head)
     s = config.sampling
     if s.greedy:
@@ -134,6 +152,43 @@ def pick(
         )[0]
 
     return jax.vmap(one)(h_bd, keys_b, j_b)
+
+
+def pick_masked(
+    config: DecodeConfig,
+    model: GPT,
+    h_bd: jax.Array,
+    keys_b: jax.Array,
+    j_b: jax.Array,
+    vocab_b: jax.Array,
+) -> jax.Array:
+    """``pick`` of rows at several nested heads in one call: the logits over the widest head
+    ``W[:config.head]``, ids at or above a row's ``vocab_b`` masked out, then the argmax, or
+    the Gumbel-max sample (within the top k) with the noise of ``unembed.sample``. This is
+    ``unembed``'s xla path with a per-row vocabulary mask: the same matmul and, on each row's
+    prefix, the same scores, so a row gets the token its own head's xla pick gives it."""
+    w_vd = model.head(config.head)
+    s = config.sampling
+    bad_b = ~jnp.all(jnp.isfinite(h_bd.astype(jnp.float32)), axis=-1)
+    ids_v = jnp.arange(config.head, dtype=jnp.int32)
+    if s.greedy:
+        logits_bv = tile_logits(h_bd, w_vd)
+        logits_bv = jnp.where(ids_v[None, :] < vocab_b[:, None], logits_bv, -jnp.inf)
+        return jnp.where(bad_b, jnp.int32(-1), jnp.argmax(logits_bv, axis=1).astype(jnp.int32))
+    inv_t = 1.0 / jnp.asarray(float(s.temperature), jnp.float32)
+    row = jnp.zeros((), jnp.int32)  # ``pick`` samples each row alone, as row 0 of its call
+
+    def one(h_d, key, j, vocab):
+        seeds = noise.seeds_from_key(jax.random.fold_in(key, j))
+        logits_v = jnp.where(ids_v < vocab, tile_logits(h_d[None], w_vd)[0], -jnp.inf)
+        if s.top_k is None:
+            return jnp.argmax(logits_v * inv_t + noise.gumbel(seeds, row, ids_v)).astype(jnp.int32)
+        vals_k, ids_k = lax.top_k(logits_v, s.top_k)
+        best = jnp.argmax(vals_k * inv_t + noise.gumbel(seeds, row, ids_k))
+        return ids_k[best].astype(jnp.int32)
+
+    tokens_b = jax.vmap(one)(h_bd, keys_b, j_b, vocab_b)
+    return jnp.where(bad_b, jnp.int32(-1), tokens_b)
 
 
 def prompt_nats(
@@ -210,6 +265,7 @@ def start(
         pos_b=start_b,
         limits_b=limits_b,
         real_b=real_b,
+        vocab_b=jnp.full(first_b.shape, config.head, jnp.int32),
         steps=jnp.int32(0),
         produced=jnp.int32(0),
     )
@@ -224,7 +280,8 @@ def step(config: DecodeConfig, params, state: Decoding, rng: jax.Array) -> Decod
     rows = run_b.shape[0]
     pos_b = jnp.minimum(state.pos_b, config.max_seq - 1)  # finished rows write harmlessly
     h_b1d, caches = model.cached(state.last_b[:, None], state.caches, pos_b)
-    tokens_b = pick(config, model, h_b1d[:, 0], row_keys(rng, rows), state.n_b)
+    vocab_b = state.vocab_b if config.mixed else None
+    tokens_b = pick(config, model, h_b1d[:, 0], row_keys(rng, rows), state.n_b, vocab_b)
     state = state._replace(
         caches=caches,
         pos_b=state.pos_b + run_b.astype(jnp.int32),
@@ -272,7 +329,9 @@ def decode_some(
 
 
 # The carry's fields with a leading row axis (``steps`` and ``produced`` are the batch's).
-ROW_FIELDS = ("caches", "out_bs", "n_b", "stop_b", "last_b", "pos_b", "limits_b", "real_b")
+ROW_FIELDS = (
+    "caches", "out_bs", "n_b", "stop_b", "last_b", "pos_b", "limits_b", "real_b", "vocab_b",
+)  # fmt: skip
 
 
 def put_rows(state: Decoding, new: Decoding, slots_n: jax.Array) -> Decoding:

@@ -15,10 +15,12 @@ from typing import Any, Literal
 import numpy as np
 
 from vocabjax.errors import UserError
+from vocabjax.hardware import DeviceProfile
 from vocabjax.profiles import SCHEMA
 from vocabjax.serving.admission import MemoryPlan
 from vocabjax.serving.controller import DEFAULT_WINDOW, QualityController, Thresholds
 from vocabjax.serving.engine import Generation, Sampling
+from vocabjax.serving.mixing import MIXING, Mixing
 from vocabjax.serving.router import (
     RoutedBatch,
     Routes,
@@ -52,6 +54,11 @@ class ServeConfig:
     progress_every: int = 10  # a progress line every this many batches
     batching: Batching = "continuous"  # requests join a running batch, or wait for the next
     memory_bytes: int | None = None  # the KV plan's budget (continuous); None: default_memory()
+    # continuous: rows at several heads share a step or run as separate groups, as the cost
+    # model prices it ("auto"), or always when they may ("mixed"), or never ("separate")
+    mixing: Mixing = "auto"
+    # the device the cost model prices that choice on; None: mixing.default_device()
+    device: DeviceProfile | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "max_new_tokens", "window", "progress_every"):
@@ -60,6 +67,8 @@ class ServeConfig:
                 raise UserError(f"{name}={x!r} must be a positive integer")
         if self.batching not in BATCHING:
             raise UserError(f"batching={self.batching!r} must be one of {', '.join(BATCHING)}")
+        if self.mixing not in MIXING:
+            raise UserError(f"mixing={self.mixing!r} must be one of {', '.join(MIXING)}")
         m = self.memory_bytes
         if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
             raise UserError(f"memory_bytes={m!r} must be a positive integer")
@@ -137,6 +146,10 @@ class ServedBatch:
     mean_bpb: float  # mean prompt bits per byte of its requests
     running: int | None = None  # requests running at its head once it was admitted
     kv_bytes: int | None = None  # KV cache the running requests of every head reserve then
+    steps: int | None = None  # static: the decode steps the batch ran
+    group: int | None = None  # continuous: the running group it joined (numbered as created)
+    mixed: bool = False  # continuous: that group then held rows at several heads
+    grouping: str | None = None  # continuous: why that group (``mixing.Placement.reason``)
 
     def row(self) -> dict[str, Any]:
         return {
@@ -155,6 +168,9 @@ class ServedBatch:
             "mean_bpb": _round(self.mean_bpb, 4),
             "running": self.running,
             "kv_bytes": self.kv_bytes,
+            "steps": self.steps,
+            "group": self.group,
+            "mixed": self.mixed,
         }
 
 
@@ -174,6 +190,7 @@ class ServedChunk:
     new_tokens: int  # tokens those steps produced
     held: int  # requests running at every head
     kv_bytes: int  # KV cache they reserve
+    mixed: bool = False  # rows at several heads in one step (``head``: the widest)
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -246,6 +263,7 @@ class ServeResult:
             "batches": len(batches),
             "prompt_tokens": sum(r.prompt_tokens for r in reqs),
             "generated_tokens": generated,
+            "generated_bytes": sum(len(r.text.encode("utf-8")) for r in reqs),
             "makespan_s": round(makespan, 6),  # first arrival to last finish, virtual
             "busy_s": round(busy, 6),  # the batches' and device calls' service times
             "compile_s": round(compiling, 3),  # not on the clock
@@ -253,12 +271,14 @@ class ServeResult:
             "busy_tokens_per_s": round(generated / busy, 1) if busy > 0 else None,
             "latency_p50_s": round(float(np.percentile(latency, 50)), 6),
             "latency_p95_s": round(float(np.percentile(latency, 95)), 6),
+            "latency_p99_s": round(float(np.percentile(latency, 99)), 6),
             "queue_mean_s": round(float(np.mean(queue)), 6),
             "queue_p95_s": round(float(np.percentile(queue, 95)), 6),
             "running_mean": round(mean_running, 2),
             "running_max": most_running,
             "memory_waits": self.memory_waits,
             "kv_peak_bytes": max(held + [c.kv_bytes for c in chunks], default=None),
+            "mixed_steps": sum(c.steps for c in chunks if c.mixed),  # rows at several heads
             "mean_prompt_bpb": _round(_mean([r.prompt_bpb for r in reqs]), 4),
             "router_switches": sum(s.by == "router" for s in self.switches),
             "controller_moves": sum(s.by == "controller" for s in self.switches),
@@ -317,6 +337,8 @@ class ServeResult:
                 "seed": c.sampling.seed,
                 "pad_batches": c.pad_batches,
                 "batching": c.batching,
+                "mixing": c.mixing,
+                "device": None if c.device is None else c.device.name,
                 "clock": "virtual: measured batch wall time, compiling not charged",
             },
             "memory": None if self.memory is None else self.memory.to_json(),
@@ -328,7 +350,10 @@ class ServeResult:
             "by_head": self.head_rows(),
             "by_phase": self.phase_rows(),
             "switches": [s.to_json() for s in self.switches],
-            "batches": [{**b.row(), "impl_reason": b.impl_reason} for b in self.batches],
+            "batches": [
+                {**b.row(), "impl_reason": b.impl_reason, "grouping": b.grouping}
+                for b in self.batches
+            ],
             "chunks": [c.to_json() for c in self.chunks],
             "requests": [r.to_json() for r in self.requests],
         }
@@ -448,6 +473,7 @@ class _Record:
                 impl=gen.impl,
                 impl_reason=gen.impl_reason,
                 new_tokens=sum(len(c.tokens) for c in gen.completions),
+                steps=gen.decode_steps,
                 mean_bpb=sum(s.prompt_bpb for s in self.served[-b:]) / b,
                 running=b,
             )

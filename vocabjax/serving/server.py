@@ -56,6 +56,7 @@ from vocabjax.serving.controller import (
 )
 from vocabjax.serving.engine import Engine, Generation, LoadedRun, Sampling, load_run, prompt_ids
 from vocabjax.serving.live import LiveServer
+from vocabjax.serving.mixing import default_device
 from vocabjax.serving.records import (
     DEFAULT_MAX_NEW_TOKENS,
     ServeConfig,
@@ -98,7 +99,15 @@ def serve(
         log(record.progress_line(len(queue), now))
         return record.result(config)
     plan = memory_plan(engine.run, queue, config, log)
-    loop = Continuous(engine, queue, routes, config, record, plan, log)
+    device = config.device
+    if device is None:
+        device, where = default_device()
+        config = dataclasses.replace(config, device=device)
+    else:
+        where = "given"
+    if config.mixing == "auto" and len(heads) > 1:
+        log(f"heads mixed in one step or run apart: the cheaper, priced on {device.name} ({where})")
+    loop = Continuous(engine, queue, routes, config, record, plan, log, device)
     loop.serve()
     record.batches = loop.new_tokens()
     log(record.progress_line(len(queue), loop.now))

@@ -1,0 +1,251 @@
+"""Mixed heads: the requests of an admission join a running group whose rows are at other
+nested heads, sharing one decode step, or run in a group of their own head, whichever the cost
+model says is cheaper for the mix.
+
+    pricer = Pricer.of(engine, device, max_rows=32, sampling=Sampling())
+    place = pricer.place([Group({1024: 5}, rows=8), Group({4096: 2}, rows=2)], head=1024,
+                         joining=3, mixing="auto")
+    place.group, place.mixed, place.reason
+
+A group of rows at several heads runs one jitted step over the widest head's ``W[:V_max]``,
+each row picking over its own prefix ``W[:V_row]`` (``decode.pick`` with a per-row vocabulary
+mask): the backbone's weights are read and its kernels launched once for every row, and the
+unembedding reads ``V_max`` rows of W once, against each group's own head read for its rows
+alone. Separate groups pay the backbone and launches once per group, but a row at a small head
+no longer computes logits over the largest head. ``Pricer.place`` prices one decode step of
+every running group after the join both ways with the simulator's decode step
+(``CostModel.decode_step`` of the run's own shape at the group's widest head and its bucket of
+rows, the context being every cache position, which the engine's attention reads) and takes
+the cheapest.
+
+Mixing needs nested heads (one matrix whose prefixes are the heads; separate head matrices
+have none to mask), one separator for every level, and a token pick that materializes the
+logits anyway: ``impl="auto"`` choosing ``xla`` for the group's widest head and rows, so that
+the masked pick is the per-head pick's own matmul and every row gets the token its own head
+gives it (tested).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Literal
+
+from vocabjax import unembed
+from vocabjax.costmodel import CostModel, Settings
+from vocabjax.hardware import DEFAULT_DEVICE, DeviceProfile, load_device
+from vocabjax.serving.batching import pow2_rows
+from vocabjax.serving.decode import Sampling
+from vocabjax.serving.engine import Engine
+from vocabjax.xp import PyMath
+
+Mixing = Literal["auto", "mixed", "separate"]
+MIXING: tuple[Mixing, ...] = ("auto", "mixed", "separate")
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """A running group as the pricing reads it."""
+
+    mix: Mapping[int, int]  # its live rows: head -> how many
+    rows: int  # its bucket of rows
+
+    @property
+    def live(self) -> int:
+        return sum(self.mix.values())
+
+    def joined(self, head: int, n: int, max_rows: int) -> Group:
+        """The group once ``n`` requests at ``head`` have joined (a join grows the bucket to
+        the next power of two that holds them all)."""
+        mix = dict(self.mix)
+        mix[head] = mix.get(head, 0) + n
+        return Group(mix, max(self.rows, pow2_rows(self.live + n, max_rows)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where the requests of one admission run."""
+
+    group: int | None  # the running group they join (an index into the groups given); None: new
+    mixed: bool  # that group then holds rows at more than one head
+    seconds: float  # predicted seconds of one decode step of every group after the join
+    other: float | None  # the same for the best placement of the other kind; None: none
+    reason: str  # one line: the choice and why
+    choice: bool  # whether a placement of the other kind was possible (a choice was made)
+
+
+class Pricer:
+    """The cost model of a run's shape on a device, pricing decode steps of groups of rows,
+    and what may mix on the run (``of``)."""
+
+    def __init__(
+        self,
+        model: CostModel,
+        *,
+        context: int,
+        max_rows: int,
+        impl: Callable[[int, int], tuple[str, str]] = lambda vocab, rows: ("xla", ""),
+        cannot_mix: str | None = None,
+    ) -> None:
+        self.model = model  # the run's shape on the device the choice is priced on
+        self.device = model.device
+        self.context = float(context)  # cache positions a decode step's attention reads
+        self.max_rows = max_rows  # a group's largest bucket of rows
+        self.impl = impl  # (head, rows) -> the token pick's implementation and why
+        self.cannot_mix = cannot_mix  # why no rows of different heads may share a step here
+        self._seconds: dict[tuple[int, int], float] = {}
+
+    @classmethod
+    def of(
+        cls, engine: Engine, device: DeviceProfile, *, max_rows: int, sampling: Sampling
+    ) -> Pricer:
+        """The pricer of ``engine``'s run on ``device``: the run's shape and dtypes, every
+        cache position read (the engine's attention reads them all, masked), the token pick
+        ``impl="auto"`` chooses."""
+        run = engine.run
+        compute = unembed.dtype_name(run.model.config.dtype)
+        weights = {unembed.dtype_name(x.dtype) for x in run.params.values() if x.ndim == 2}
+        settings = Settings(
+            weight_dtype=weights.pop() if len(weights) == 1 else compute,
+            kv_dtype=compute,
+            act_dtype=compute,
+            attention="materialized",  # vocabjax's model: every query against every position
+        )
+        cannot_mix = None
+        if run.model.config.heads_kind == "separate":
+            cannot_mix = "the run's heads are separate matrices, with no shared prefix"
+        elif len({level.separator for level in run.levels}) > 1:
+            cannot_mix = "the run's levels stop at different separators"
+
+        def impl(vocab: int, rows: int) -> tuple[str, str]:
+            choice = engine.impl_choice(vocab, sampling, rows)
+            return choice.impl, choice.reason
+
+        return cls(
+            CostModel(device, run.config.shape, settings),
+            context=run.max_seq,
+            max_rows=max_rows,
+            impl=impl,
+            cannot_mix=cannot_mix,
+        )
+
+    def step_seconds(self, vocab: int, rows: int) -> float:
+        """Predicted seconds of one decode step of ``rows`` rows over ``W[:vocab]``."""
+        if (vocab, rows) not in self._seconds:
+            t = self.model.decode_step(float(vocab), float(rows), self.context, xp=PyMath)
+            self._seconds[(vocab, rows)] = float(t)
+        return self._seconds[(vocab, rows)]
+
+    def group_seconds(self, group: Group) -> float:
+        """One decode step of ``group``: its widest head, its bucket of rows (0: empty)."""
+        live = [v for v, n in group.mix.items() if n > 0]
+        return self.step_seconds(max(live), group.rows) if live else 0.0
+
+    def mask_refused(self, group: Group) -> str | None:
+        """Why ``group`` (rows at several heads) may not share one step, or None."""
+        if self.cannot_mix is not None:
+            return self.cannot_mix
+        vocab, rows = max(group.mix), group.rows
+        impl, _ = self.impl(vocab, rows)
+        if impl != "xla":
+            return (
+                f"impl auto picks {impl} for head {vocab} at {rows} rows, a pick that takes no "
+                "per-row mask"
+            )
+        return None
+
+    def place(
+        self, groups: Sequence[Group], *, head: int, joining: int, mixing: Mixing = "auto"
+    ) -> Placement:
+        """Where ``joining`` requests at ``head`` run, given the running ``groups``: a group
+        with room for them (mixed when it holds other heads, and mixing allowed) or a new one,
+        the placement that makes the next decode step of every group cheapest (``mixing``
+        "mixed" prefers any mixed placement, "separate" allows none)."""
+        base = [self.group_seconds(g) for g in groups]
+        total = sum(base)
+        options: list[tuple[float, int | None, bool]] = []  # (seconds, group, mixed)
+        refused: list[str] = []
+        own = False
+        for i, group in enumerate(groups):
+            if not group.live or group.live + joining > self.max_rows:
+                continue
+            after = group.joined(head, joining, self.max_rows)
+            mixed = len([v for v, n in after.mix.items() if n > 0]) > 1
+            if mixed:
+                why = "--mixing separate" if mixing == "separate" else self.mask_refused(after)
+                if why is not None:
+                    refused.append(why)
+                    continue
+            else:
+                own = True
+            options.append((total - base[i] + self.group_seconds(after), i, mixed))
+        if not own:
+            alone = Group({head: joining}, pow2_rows(joining, self.max_rows))
+            options.append((total + self.group_seconds(alone), None, False))
+        kinds = {mixed for _, _, mixed in options}
+        if mixing == "mixed" and True in kinds:
+            options = [o for o in options if o[2]]
+        # cheapest; on a tie, separate before mixed, then a running group before a new one
+        seconds, group, mixed = min(
+            options, key=lambda o: (o[0], o[2], o[1] is None, -1 if o[1] is None else o[1])
+        )
+        others = [s for s, _, m in options if m != mixed]
+        other = min(others) if others else None
+        return Placement(
+            group,
+            mixed,
+            seconds,
+            other,
+            self._reason(groups, group, head, joining, seconds, other, mixed, refused, mixing),
+            choice=len(kinds) > 1 or bool(refused),
+        )
+
+    def _reason(
+        self,
+        groups: Sequence[Group],
+        group: int | None,
+        head: int,
+        joining: int,
+        seconds: float,
+        other: float | None,
+        mixed: bool,
+        refused: list[str],
+        mixing: Mixing,
+    ) -> str:
+        before = Group({}, 0) if group is None else groups[group]
+        joined = before.joined(head, joining, self.max_rows)
+        after = {v: n for v, n in joined.mix.items() if n > 0}
+        rows = joined.rows
+        heads = "+".join(str(v) for v in sorted(after))
+        where = f"on {self.device.name}"
+        if mixed:
+            what = f"heads {heads} share one step at {max(after)} ({rows} rows)"
+            if mixing == "mixed":
+                return f"{what}: --mixing mixed"
+            return (
+                f"{what}: {_ms(seconds)} per step predicted {where}, against "
+                f"{_ms(other)} as separate groups"
+            )
+        what = f"head {head} runs in its own group ({rows} rows)"
+        if refused:
+            return f"{what}: no mixed step ({refused[0]})"
+        if other is None:
+            return what
+        return (
+            f"{what}: {_ms(seconds)} per step predicted {where}, against {_ms(other)} with "
+            "heads mixed in one step"
+        )
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{1e3 * seconds:.3g} ms"
+
+
+def default_device() -> tuple[DeviceProfile, str]:
+    """The device mixing is priced on when none is given: the profile ``impl="auto"`` reads
+    (``$VOCABJAX_DEVICE_PROFILE``), else the default device's datasheet; and where it came
+    from."""
+    profile = unembed.device_profile()
+    if profile is not None:
+        return profile, f"the unembedding selector's profile (${unembed.PROFILE_ENV})"
+    return load_device(DEFAULT_DEVICE), f"no device profile given: the {DEFAULT_DEVICE} datasheet"
