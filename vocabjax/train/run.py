@@ -293,28 +293,8 @@ class _Session:
         # A resumed run holds its parameters: only a fresh pruned start reads its source.
         fresh = not resume or load_checkpoint(run_dir) is None
         source = load_source(config) if config.init_from is not None and fresh else None
-        nested = pruned = None
-        new_to_old: Sequence[int] = ()
-        if config.tokenizer is None and source is not None:
-            *pruned, head = prune_source(
-                source, corpus.texts("train"), config.heads[0],
-                corpus=corpus.describe("train"), progress=log,
-            )  # fmt: skip
-            heads, new_to_old = [head], pruned[0].new_to_old
-            config = dataclasses.replace(config, tokenizer=TOKENIZER_DIR)
-        elif config.tokenizer is None:
-            log(
-                f"no tokenizer given: training a nested BPE at {', '.join(map(str, config.heads))} "
-                f"on {corpus.describe('train')}, to be saved in {run_dir / TOKENIZER_DIR}"
-            )
-            nested = train_nested(corpus.texts("train"), config.heads, progress=log)
-            heads = tokenizers_from_nested(nested, config.heads)
-            config = dataclasses.replace(config, tokenizer=TOKENIZER_DIR)
-        else:
-            heads = tokenizers_from_dir(config.tokenizer_path(run_dir), config.heads)
-            if source is not None:
-                id_map = check_pruned(source, heads[0], config.tokenizer_path(run_dir))
-                new_to_old = id_map.new_to_old
+        config, heads, nested, pruned, new_to_old = _tokenizers(config, corpus, source, run_dir,
+                                                                log)  # fmt: skip
         log(f"corpus: {corpus.label}")
         windows, train_streams, heldout = load_data(
             corpus,
@@ -340,7 +320,7 @@ class _Session:
             log=log,
             corpus=corpus,
             nested=nested,
-            pruned=tuple(pruned) if pruned else None,
+            pruned=pruned,
             heads=heads,
             windows=windows,
             heldout=heldout,
@@ -602,3 +582,30 @@ __all__ = [
     "resume_config",
     "train",
 ]
+
+
+def _tokenizers(config: RunConfig, corpus, source, run_dir: Path, log: Progress):
+    """(config, head tokenizers, nested training or None, pruned levels or None, the pruned
+    tokenizer's new-to-old id map or ()): the run's tokenizer pruned from ``source`` (a pruned
+    start without one), trained nested on the corpus (none given), or read from
+    ``config.tokenizer`` (checked against ``source`` when there is one)."""
+    if config.tokenizer is None and source is not None:
+        *pruned, head = prune_source(
+            source, corpus.texts("train"), config.heads[0],
+            corpus=corpus.describe("train"), progress=log,
+        )  # fmt: skip
+        config = dataclasses.replace(config, tokenizer=TOKENIZER_DIR)
+        return config, [head], None, tuple(pruned), pruned[0].new_to_old
+    if config.tokenizer is None:
+        log(
+            f"no tokenizer given: training a nested BPE at {', '.join(map(str, config.heads))} "
+            f"on {corpus.describe('train')}, to be saved in {run_dir / TOKENIZER_DIR}"
+        )
+        nested = train_nested(corpus.texts("train"), config.heads, progress=log)
+        config = dataclasses.replace(config, tokenizer=TOKENIZER_DIR)
+        return config, tokenizers_from_nested(nested, config.heads), nested, None, ()
+    heads = tokenizers_from_dir(config.tokenizer_path(run_dir), config.heads)
+    new_to_old: Sequence[int] = ()
+    if source is not None:
+        new_to_old = check_pruned(source, heads[0], config.tokenizer_path(run_dir)).new_to_old
+    return config, heads, None, None, new_to_old
