@@ -6,7 +6,8 @@ decode.py      the device side: prefill and the on-device decode loop as pure, j
 engine.py      load_run, Engine: host packing of prompts, the compile cache, timed generation
 batching.py    RunningBatch: continuous batching, requests joining and leaving a running batch
 router.py      load_policy, choose_head / shift_head / offset_bounds, route_batch, router_step
-trace.py       Request, load_trace / write_trace (JSONL), demo_trace (builtin corpus)
+trace.py       Request, load_trace / write_trace (JSONL), demo_trace and poisson_trace
+               (builtin corpus)
 controller.py  Thresholds, derive_thresholds / training_bpb, controller_step (hysteresis, a
                pure function) and its host caller QualityController
 admission.py   MemoryPlan, plan_memory (the KV plan for a memory budget), admit_count
@@ -90,10 +91,12 @@ from vocabjax.serving.server import (
 from vocabjax.serving.trace import (
     DEMO_PHASES,
     DemoPhase,
+    PoissonMix,
     PromptRoom,
     Request,
     demo_trace,
     load_trace,
+    poisson_trace,
     write_trace,
 )
 
@@ -160,6 +163,8 @@ __all__ = [
     "controller_step",
     "default_memory",
     "demo_trace",
+    "poisson_trace",
+    "PoissonMix",
     "derive_thresholds",
     "generate",
     "live_server",

@@ -18,7 +18,9 @@ content hash, as ``train`` splits them), so a run trained on the builtin corpus 
 its prompts. Its phases are made to exercise the router and the quality controller: code
 arriving one request at a time (batches of B = 1), a burst of code arriving together (large
 B), then prose (docstrings, whose bits per byte under a code-heavy model differ from code's)
-one at a time, and code one at a time again.
+one at a time, and code one at a time again. A Poisson trace (``poisson_trace``) draws its
+prompts from the same passages: single requests and bursts arriving at random, with prompts
+and output lengths of many sizes, for measuring a loaded server (``benchmarks/serve.py``).
 """
 
 from __future__ import annotations
@@ -231,6 +233,85 @@ def demo_trace(
             )
         clock += max(phase.gap_s, 1.0)
     return tuple(out)
+
+
+# ---- a Poisson trace ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PoissonMix:
+    """What a Poisson trace mixes (``poisson_trace``)."""
+
+    requests: int = 400  # requests in all
+    rate: float = 60.0  # arrivals (a single request or a burst) per second of the serving clock
+    burst_share: float = 0.25  # the share of arrivals that are bursts
+    burst_size: tuple[int, int] = (4, 16)  # requests in a burst: uniform, both ends included
+    prose_share: float = 0.2  # the share of prompts that are prose (docstrings), the rest code
+    prompt_bytes: tuple[int, int] = (32, 240)  # a prompt's bytes at most: log-uniform
+    new_tokens: tuple[int, int] = (4, 64)  # a request's max_new_tokens: log-uniform
+
+    def __post_init__(self) -> None:
+        if self.requests < 1 or not (math.isfinite(self.rate) and self.rate > 0):
+            raise UserError(f"a Poisson trace needs requests >= 1 and a rate > 0, got {self}")
+        for name in ("burst_size", "prompt_bytes", "new_tokens"):
+            low, high = getattr(self, name)
+            if not 1 <= low <= high:
+                raise UserError(f"{name}={(low, high)} must be 1 <= low <= high")
+        for name in ("burst_share", "prose_share"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise UserError(f"{name}={getattr(self, name)} must be in [0, 1]")
+
+
+def poisson_trace(
+    seed: int = 0,
+    *,
+    room: Callable[[int], PromptRoom] | None = None,
+    mix: PoissonMix = PoissonMix(),
+) -> tuple[Request, ...]:
+    """A deterministic trace (for a given ``seed`` and Python installation) of ``mix.requests``
+    requests from the held-out builtin corpus, as ``demo_trace`` draws its prompts: arrivals
+    (a Poisson process of ``mix.rate`` per second: exponential gaps) each of one request
+    (phase "single") or, with probability ``burst_share``, of a burst of ``burst_size``
+    requests at one instant (phase "burst"); each request a code or prose prompt cut to a
+    log-uniform number of bytes in ``prompt_bytes`` (at a line or word boundary; at least 16
+    bytes) and a log-uniform ``max_new_tokens`` in ``new_tokens``, its prompt within
+    ``room(max_new_tokens)`` (the run's positions less the generation). No passage twice
+    (though two passages cut short may begin alike)."""
+    rng = random.Random(seed)
+    pools = _demo_passages()
+    order = {kind: rng.sample(range(len(pool)), len(pool)) for kind, pool in pools.items()}
+
+    def log_uniform(low: int, high: int) -> int:
+        return round(math.exp(rng.uniform(math.log(low), math.log(high + 0.5) - 1e-9)) - 0.5)
+
+    def prompt(kind: Kind, longest: int, limit: int) -> str:
+        fits = (lambda _text: True) if room is None else _fits(room(limit))
+        while order[kind]:
+            text = _cut(pools[kind][order[kind].pop()], kind, longest, fits)
+            if len(text.encode("utf-8")) >= min(16, longest):
+                return text
+        raise UserError(
+            f"a Poisson trace of {mix.requests} requests: the builtin corpus's held-out part "
+            f"has too few unused {kind} passages that fit the run; ask for fewer requests"
+        )
+
+    out: list[Request] = []
+    clock = 0.0
+    while len(out) < mix.requests:
+        clock += rng.expovariate(mix.rate) if out else 0.0
+        burst = rng.random() < mix.burst_share
+        n = rng.randint(*mix.burst_size) if burst else 1
+        for _ in range(min(n, mix.requests - len(out))):
+            kind: Kind = "prose" if rng.random() < mix.prose_share else "code"
+            limit = max(log_uniform(*mix.new_tokens), 1)
+            text = prompt(kind, log_uniform(*mix.prompt_bytes), limit)
+            phase = "burst" if burst else "single"
+            out.append(Request(f"p{len(out) + 1}", round(clock, 6), text, limit, phase))
+    return tuple(out)
+
+
+def _fits(room: PromptRoom) -> Callable[[str], bool]:
+    return lambda text: room.tokens(text) <= room.max_tokens
 
 
 def _cut(passage: str, kind: Kind, longest: int, fits: Callable[[str], bool]) -> str:
