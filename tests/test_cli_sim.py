@@ -11,6 +11,9 @@ import cli
 from vocabjax.hardware import load_device, save_device
 
 SMALL = ["--vocab", "8k,32k,262k", "--batch", "1,64", "--lam", "0,100"]
+# The default device's datasheet profile, for tests that do not read the ensemble's share:
+# without a calibration the grid function has no ensemble and compiles several times faster.
+DATASHEET = ("--device", "a100-80gb-datasheet")
 
 
 def run(*args):
@@ -126,7 +129,8 @@ def test_sweep_with_a_compression_profile(tmp_path):
             }
         )
     )
-    data = json.loads(run("sweep", *SMALL, "--compression", str(path), "--format", "json").stdout)
+    args = ("--compression", str(path), *DATASHEET, "--format", "json")
+    data = json.loads(run("sweep", *SMALL, *args).stdout)
     # no compression gain from a larger vocabulary: the smallest V always wins
     assert {r["v_star"] for r in data["table"]} == {8192}
     assert data["compression"] == "flat"
@@ -147,9 +151,8 @@ def test_sweep_with_training_profile_and_quality(tmp_path):
             }
         )
     )
-    out = run(
-        "sweep", *SMALL, "--training", str(path), "--bpb-tolerance", "0.05", "--format", "json"
-    )
+    args = ("--training", str(path), "--bpb-tolerance", "0.05", *DATASHEET, "--format", "json")
+    out = run("sweep", *SMALL, *args)
     assert out.exit_code == 0, out.output
     assert {r["v_star"] for r in json.loads(out.stdout)["table"]} <= {32768, 262144}
 
@@ -203,7 +206,7 @@ def test_a_plot_where_no_batch_fits(tmp_path):
             ["--model", "gpt5"],
             1,
             "Error: unknown model 'gpt5' (builtin: paper-100m, paper-1.5b, "
-            "paper-2.3b, tiny, gpt2-small, gpt2-medium, llama-1b, llama-8b, llama-70b; "
+            "paper-2.3b, tiny, small, gpt2-small, gpt2-medium, llama-1b, llama-8b, llama-70b; "
             "or a .json/.toml shape file)",
         ),
         (["--cost-model", "magic"], 2, None),
@@ -310,23 +313,17 @@ def test_plan_errors(args, line, tmp_path):
     ],
 )
 def test_every_sweep_option_reaches_the_model(option):
-    base = [
-        "sweep",
-        "--vocab",
-        "32k,256k",
-        "--batch",
-        "512",
-        "--lam",
-        "10",
-        "--model",
-        "llama-8b",
-        "--format",
-        "json",
-    ]
-    if option[0] == "--model":
-        base = base[:-4] + base[-2:]
-    default = json.loads(run(*base).stdout)["table"][0]
-    changed = json.loads(run(*base, *option).stdout)["table"][0]
+    # An option naming one of these settings replaces it; any other is added.
+    base = {"--model": "llama-8b", DATASHEET[0]: DATASHEET[1]}
+    given = {**base, option[0]: option[1]} if option[0] in base else base
+    added = [] if option[0] in base else option
+
+    def table_row(settings: dict, *more: str) -> dict:
+        args = [x for flag_value in settings.items() for x in flag_value]
+        grid = ("--vocab", "32k,256k", "--batch", "512", "--lam", "10")
+        return json.loads(run("sweep", *grid, *args, *more, "--format", "json").stdout)["table"][0]
+
+    default, changed = table_row(base), table_row(given, *added)
     keys = ("cost_per_byte", "infer_cost_per_byte", "train_cost_per_byte", "batch_run")
     assert any(default[k] != changed[k] for k in keys), option
 
@@ -554,11 +551,11 @@ def test_sweep_reports_the_band_and_the_share():
     text = run("sweep", *SMALL)
     assert "within 1% of J at V*" in text.output and "how sure: share of 256" in text.output
     assert "[" in text.output and ".." in text.output
-    bare = run("sweep", *SMALL, "--device", "a100-80gb-datasheet", "--format", "json")
+    bare = run("sweep", *SMALL, *DATASHEET, "--format", "json")
     out = json.loads(bare.stdout)
     assert all(r["v_star_share"] is None for r in out["table"])
     assert "not calibrated" in out["v_star_share_notes"][0]["note"]
-    text = run("sweep", *SMALL, "--device", "a100-80gb-datasheet")
+    text = run("sweep", *SMALL, *DATASHEET)
     assert "how sure: not known; a100-80gb-datasheet is not calibrated" in text.output
     bad = run("sweep", "--tolerance", "-1")
     assert bad.exit_code == 2 and "--tolerance" in bad.output

@@ -1,4 +1,10 @@
-"""Whole-grid sweeps: V* against a brute-force evaluation, sharding, quality bound, limits."""
+"""Whole-grid sweeps: V* against a brute-force evaluation, sharding, quality bound, limits.
+
+Tests that do not read the ensemble's share sweep datasheet profiles (``*-datasheet``, ``l4``,
+``a10g``): without a calibration the grid function has no ensemble and compiles several times
+faster. Each grid shape and each model compiles its own grid function, so tests reuse ``Grid()``
+where the property allows.
+"""
 
 import dataclasses
 import itertools
@@ -55,11 +61,13 @@ def test_sweep_matches_point_by_point_python():
 
 
 def test_lambda_zero_is_training_only():
-    res = sweep(_model(), Grid(lam=(0.0, 1.0)))
+    res = sweep(_model(), Grid())  # the default grid's first lambda is 0
+    assert res.grid.lam[0] == 0.0
     assert len(set(res.v_star[:, 0].tolist())) == 1
     assert res.v_star[0, 0] == res.v_train == res.grid.vocab[int(np.argmin(res.c_train))]
 
 
+@pytest.mark.slow  # a new grid shape per example, so a compile each
 @settings(max_examples=12)
 @given(
     st.lists(st.integers(1000, 2**21), min_size=1, max_size=9, unique=True),
@@ -81,7 +89,7 @@ def test_v_star_stays_in_grid_and_lambda_zero_ignores_batch(vocab, batch, lam, d
 def test_sharded_sweep_equals_one_device():
     devices = jax.devices()
     assert len(devices) == 4, "conftest forces 4 CPU devices"
-    cm = _model("h100-sxm", "llama-8b", mode="full")
+    cm = _model("h100-sxm-datasheet", "llama-8b", mode="full")
     grid = Grid(vocab=tuple(int(v) for v in np.geomspace(4096, 2**20, 37)), batch=(1, 3, 64, 500))
     one = sweep(cm, grid, devices=devices[:1])
     four = sweep(cm, grid, devices=devices)
@@ -118,7 +126,7 @@ def test_break_even_lambda_against_training_optimum():
 
 
 def test_kv_plan_larger_vocab_fits_more_sequences_until_weights_dominate():
-    res = sweep(_model("a100-80gb", "llama-8b"), Grid(vocab=(32768, 262144)))
+    res = sweep(_model("a100-80gb-datasheet", "llama-8b"), Grid(vocab=(32768, 262144)))
     # fewer tokens per sequence, so a smaller KV cache per sequence
     assert res.kv_bytes_per_seq[1] < res.kv_bytes_per_seq[0]
     assert res.b_max[1] >= res.b_max[0]
@@ -148,10 +156,11 @@ def test_cap_batch_when_weights_do_not_fit_gives_no_v_star():
 def test_quality_bound_excludes_poor_and_unmeasured_vocab():
     prof = TrainingProfile("t", (8192, 32768, 131072), None, (1.00, 0.90, 0.95))
     grid = Grid(vocab=(8192, 32768, 131072, 524288), lam=(0.0, 1000.0))
-    res = sweep(_model(), grid, quality=Quality(prof, 0.02))
+    cm = _model("a100-80gb-datasheet")
+    res = sweep(cm, grid, quality=Quality(prof, 0.02))
     assert res.allowed.tolist() == [False, True, False, False]
     assert set(res.v_star.ravel().tolist()) == {32768}
-    loose = sweep(_model(), grid, quality=Quality(prof, 0.2))
+    loose = sweep(cm, grid, quality=Quality(prof, 0.2))
     assert loose.allowed.tolist() == [True, True, True, False]
 
 
@@ -215,7 +224,7 @@ def test_band_holds_v_star_and_widens_with_tolerance(device):
 
 
 def test_band_is_every_fine_vocab_within_tolerance_of_j_star():
-    cm = _model("a100-80gb", "llama-8b")
+    cm = _model("a100-80gb-datasheet", "llama-8b")
     grid = Grid(vocab=(16384, 65536, 262144), batch=(1, 64), lam=(10.0,))
     res = sweep(cm, grid, tolerance=0.02)
     for bi, b in enumerate(grid.batch):
