@@ -42,7 +42,7 @@ from vocabjax.progress import Progress
 from vocabjax.serving.admission import MemoryPlan, admit_count, human_bytes
 from vocabjax.serving.batching import Call, Finished, Joining, RunningBatch, solo_key
 from vocabjax.serving.engine import Engine
-from vocabjax.serving.mixing import Group, Placement, Pricer
+from vocabjax.serving.mixing import Placement, Placer, Pricer
 from vocabjax.serving.records import ServeConfig, ServedBatch, ServedChunk, ServedRequest, _Record
 from vocabjax.serving.router import Routes, route_batch
 from vocabjax.serving.trace import Request
@@ -96,8 +96,8 @@ class Continuous:
         # (head, rows, mixed) -> the last measured seconds per decode step
         self.per_step: dict[tuple[int, int, bool], float] = {}
         self._ids: dict[tuple[int, int], np.ndarray] = {}
-        self.pricer = Pricer.of(engine, device, max_rows=config.max_batch, sampling=config.sampling)
-        self._said: dict[frozenset[int], bool] = {}  # heads of a mixing choice -> mixed, logged
+        pricer = Pricer.of(engine, device, max_rows=config.max_batch, sampling=config.sampling)
+        self.placer = Placer(pricer, config.mixing, log)
 
     # ---- the loop -----------------------------------------------------------------------------
 
@@ -251,26 +251,16 @@ class Continuous:
         return solo_key(request_seed(self.config.sampling.seed, i))
 
     def _place(self, head: int, n: int) -> tuple[Placement, RunningBatch]:
-        """The group ``n`` requests at ``head`` join (``mixing.Pricer.place``); a choice
-        between mixing heads and separate groups is logged when it is new or changed for those
-        heads."""
-        live = [b for b in self.groups if b.live]
-        groups = [Group(b.mix, b.rows) for b in live]
-        place = self.pricer.place(groups, head=head, joining=n, mixing=self.config.mixing)
-        if place.group is None:
+        """The group ``n`` requests at ``head`` join (``mixing.Placer``), numbered when new."""
+
+        def new() -> RunningBatch:
             batch = RunningBatch(
                 self.engine, head, self.config.sampling, max_rows=self.config.max_batch, score=True
             )
-            self.groups.append(batch)
             self.numbers[batch] = len(self.numbers)
-        else:
-            batch = live[place.group]
-        if place.choice:
-            heads = frozenset({head, *(v for b in live for v in b.mix)})
-            if self._said.get(heads) != place.mixed:
-                self._said[heads] = place.mixed
-                self.log(f"  {place.reason}")
-        return place, batch
+            return batch
+
+        return self.placer(self.groups, head, n, new)
 
     def _charge(self, calls: Sequence[Call]) -> None:
         """The clock advances by each call's service time; a new shape's compiling is logged."""

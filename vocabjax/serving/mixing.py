@@ -34,7 +34,8 @@ from typing import Literal
 from vocabjax import unembed
 from vocabjax.costmodel import CostModel, Settings
 from vocabjax.hardware import DEFAULT_DEVICE, DeviceProfile, load_device
-from vocabjax.serving.batching import pow2_rows
+from vocabjax.progress import Progress
+from vocabjax.serving.batching import RunningBatch, pow2_rows
 from vocabjax.serving.decode import Sampling
 from vocabjax.serving.engine import Engine
 from vocabjax.xp import PyMath
@@ -235,6 +236,41 @@ class Pricer:
             f"{what}: {_ms(seconds)} per step predicted {where}, against {_ms(other)} with "
             "heads mixed in one step"
         )
+
+
+class Placer:
+    """Places each admission in a running group by the pricer (``Pricer.place``), starting a
+    group when none is chosen, and logs a choice between mixing heads and separate groups when
+    it is new or changed for those heads: what the trace loop (``continuous.py``) calls."""
+
+    def __init__(self, pricer: Pricer, mixing: Mixing, log: Progress) -> None:
+        self.pricer, self.mixing, self.log = pricer, mixing, log
+        self._said: dict[frozenset[int], bool] = {}  # the heads of a choice -> mixed, as logged
+
+    def __call__(
+        self,
+        groups: list[RunningBatch],
+        head: int,
+        joining: int,
+        new: Callable[[], RunningBatch],
+    ) -> tuple[Placement, RunningBatch]:
+        """The placement of ``joining`` requests at ``head`` among ``groups`` (a new group,
+        made by ``new``, is appended to them) and the group they join."""
+        live = [b for b in groups if b.live]
+        place = self.pricer.place(
+            [Group(b.mix, b.rows) for b in live], head=head, joining=joining, mixing=self.mixing
+        )
+        if place.group is None:
+            batch = new()
+            groups.append(batch)
+        else:
+            batch = live[place.group]
+        if place.choice:
+            heads = frozenset({head, *(v for b in live for v in b.mix)})
+            if self._said.get(heads) != place.mixed:
+                self._said[heads] = place.mixed
+                self.log(f"  {place.reason}")
+        return place, batch
 
 
 def _ms(seconds: float | None) -> str:
