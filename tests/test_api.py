@@ -42,6 +42,7 @@ def _blocks(text: str) -> list[tuple[str, int, str]]:
 # ---- docs/api.md ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_docs_api_examples_run():
     blocks = _blocks(DOC.read_text())
     run = [(line, code) for info, line, code in blocks if info == "python"]
@@ -101,6 +102,7 @@ def test_sweep_v_star_sizes_equal_lifecycle_and_brute_force():
     assert bool(res.found.all())
 
 
+@pytest.mark.slow
 def test_sweep_takes_names_objects_and_size_strings():
     by_name = vj.sweep(device="a10g", model="paper-100m", vocab="8k,32k", batch="1,64", lam="0,10")
     by_object = vj.sweep(
@@ -134,6 +136,7 @@ def test_sweep_argument_errors_name_the_argument():
         vj.sweep(bpb_tolerance=0.02)
 
 
+@pytest.mark.slow
 def test_sweep_equals_cli_json():
     from cli import main
 
@@ -147,6 +150,7 @@ def test_sweep_equals_cli_json():
 # ---- "no V fits" ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_no_v_fits_is_no_size_and_no_index():
     res = vj.sweep(
         device="l4", model="llama-70b", vocab="32k,128k", batch="1,4", lam="0,1", cap_batch=True
@@ -167,6 +171,7 @@ def test_no_v_fits_is_no_size_and_no_index():
     np.testing.assert_array_equal(res.host.index(res.host.v_star[:, 0]), [t, t])
 
 
+@pytest.mark.slow
 def test_nothing_allowed_leaves_no_training_optimum():
     # a quality bound measured only at V the grid does not hold: no V is allowed anywhere
     prof = TrainingProfile("t", (8192, 32768), None, (1.0, 0.9))
@@ -176,6 +181,7 @@ def test_nothing_allowed_leaves_no_training_optimum():
     assert np.isnan(np.asarray(res.at_v_star(res.c_infer))).all()
 
 
+@pytest.mark.slow
 def test_at_v_star_reads_v_and_vb_arrays():
     res = vj.sweep(device="a10g", model="paper-100m", vocab="8k,64k,512k", batch="1,256", lam=100)
     for bi in range(2):
@@ -189,6 +195,7 @@ def test_at_v_star_reads_v_and_vb_arrays():
 # ---- the grid function ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_objective_is_the_sweeps_grid_and_differentiates():
     res = vj.sweep(
         device="a10g", model="paper-100m", vocab="8k,32k,256k", batch="1,64", lam="1,100"
@@ -221,6 +228,7 @@ def test_objective_marks_disallowed_and_unfit_vocab_inf():
 # ---- plan ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_plan_is_make_plan_with_names(tmp_path):
     vocab = (8192, 32768, 131072, 524288)
     d = vj.plan(workload=WORKLOAD, lam="100", vocab="8k,32k,128k,512k", mode="weights-only")
@@ -243,6 +251,7 @@ def test_plan_is_make_plan_with_names(tmp_path):
 # ---- the package ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_import_is_lazy():
     code = (
         "import sys, vocabjax as vj\n"

@@ -40,6 +40,7 @@ def test_ceilings_are_measured(ceilings):
     assert ceilings.ridge_point("f32") == ceilings.peak_flops["f32"] / ceilings.hbm_bandwidth
 
 
+@pytest.mark.slow
 def test_every_point_has_a_checked_best_row(run):
     prof = run.profile
     assert prof.measured and not run.failures
@@ -69,6 +70,7 @@ def test_every_point_has_a_checked_best_row(run):
             assert set(r.blocks) - {"min_rows"} == want
 
 
+@pytest.mark.slow
 def test_profile_round_trips_and_drives_the_selector(run, tmp_path):
     path = save_device(run.profile, tmp_path / "dev.json")
     loaded = load_device(path)
@@ -138,6 +140,7 @@ def test_best_keeps_xla_unless_a_candidate_beats_it_by_the_margin():
     assert at._best([near, far], 0.05) is far  # no baseline timed: the fastest
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("confirmed", [True, False])
 def test_a_winner_over_xla_must_win_again_in_the_confirming_rounds(monkeypatch, confirmed):
     """The first pass puts chunked 40% ahead; the confirming rounds (winner against xla only)

@@ -43,6 +43,7 @@ def solo(engine: Engine, i: int, sampling: Sampling) -> tuple[int, ...]:
     return out.completions[0].tokens
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "sampling", [Sampling(), Sampling(temperature=1.0)], ids=["greedy", "sampled"]
 )
@@ -86,6 +87,7 @@ def test_joining_and_leaving_rows_change_no_request_tokens(engine, sampling):
     assert batch.rows == 0  # empty: dropped
 
 
+@pytest.mark.slow
 def test_decode_some_stops_at_k_steps_or_when_a_row_stops():
     from flax import nnx
     from serving_testing import MICRO

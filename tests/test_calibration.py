@@ -60,6 +60,7 @@ def fitted():
     return samples, fit_profile(BASE, samples, dtype="bf16", source="synthetic")
 
 
+@pytest.mark.slow
 def test_the_fit_recovers_synthetic_timings(fitted):
     samples, fit = fitted
     held = [s for s in samples if s.key in fit.held_keys]
@@ -109,6 +110,7 @@ def test_the_cost_model_prices_with_the_fitted_tables(fitted):
     assert float(cm.decode_step(jnp.float32(v), b, t)) == pytest.approx(ours, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_kernel_timings_leave_the_dispatch_overhead_as_it_was():
     """Samples charged no host call and holding no attention or training op (GPU kernel
     timings) carry no information on those terms: the fit keeps the profile's values rather
@@ -123,6 +125,7 @@ def test_kernel_timings_leave_the_dispatch_overhead_as_it_was():
     assert "dispatch" not in method and "attention" not in method
 
 
+@pytest.mark.slow
 def test_a_calibrated_profile_round_trips_and_sweeps(fitted, tmp_path):
     from click.testing import CliRunner
 

@@ -18,6 +18,7 @@ def invoke(*args):
     return CliRunner().invoke(cli.main, list(args))
 
 
+@pytest.mark.slow
 def test_writes_a_profile_and_prints_json(tmp_path):
     out = tmp_path / "dev.json"
     result = invoke("autotune", *SMALL, "--ops", "greedy", "--out", str(out), "--format", "json")
@@ -44,6 +45,7 @@ def test_writes_a_profile_and_prints_json(tmp_path):
     assert load_device(out).measured
 
 
+@pytest.mark.slow
 def test_table_shows_ceilings_and_roofline_fractions(tmp_path):
     out = tmp_path / "dev.json"
     result = invoke("autotune", *SMALL, "--ops", "logsumexp", "--out", str(out))
@@ -53,6 +55,7 @@ def test_table_shows_ceilings_and_roofline_fractions(tmp_path):
     assert header and "time_us" in header[0]
 
 
+@pytest.mark.slow
 def test_a_killed_run_leaves_the_previous_profile(tmp_path, monkeypatch):
     out = tmp_path / "dev.json"
     assert invoke("autotune", *SMALL, "--ops", "greedy", "--out", str(out)).exit_code == 0

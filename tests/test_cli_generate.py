@@ -22,6 +22,7 @@ def run_dir(served_run_dir) -> str:
     return str(served_run_dir)
 
 
+@pytest.mark.slow
 def test_json_output_for_a_batch(run_dir):
     result = run(
         "--run", run_dir, "--prompt", "def main(", "--prompt", "import os", "--head", "300",
@@ -57,6 +58,7 @@ def test_table_csv_and_markdown(run_dir):
     assert md.stdout.splitlines()[2].startswith("| a\\|b | 500 | ")
 
 
+@pytest.mark.slow
 def test_the_policy_route_picks_the_head(run_dir, tmp_path):
     policy = tmp_path / "policy.json"
     routes = [{"max_batch": 1, "head": 300}, {"max_batch": None, "head": 4096}]
@@ -79,6 +81,7 @@ def _error(*args: str, code: int = 1) -> str:
     return result.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_errors_are_one_line(run_dir, tmp_path):
     assert _error("--run", run_dir, "--prompt", "a", "--head", "1k") == (
         f"Error: --head 1024 is not one of the run's heads ({', '.join(map(str, HEADS))})"

@@ -32,6 +32,7 @@ def test_help_lists_the_commands_and_version():
     assert "python cli.py sweep" in run("sweep", "-h").output
 
 
+@pytest.mark.slow
 def test_default_sweep_prints_a_v_star_table():
     out = run("sweep")
     assert out.exit_code == 0, out.output
@@ -43,6 +44,7 @@ def test_default_sweep_prints_a_v_star_table():
         assert any(line.split()[0] == b for line in lines if line.strip()), b
 
 
+@pytest.mark.slow
 def test_sweep_json_is_json_alone():
     out = CliRunner().invoke(cli.main, ["sweep", *SMALL, "--format", "json"])
     assert out.exit_code == 0
@@ -64,6 +66,7 @@ def test_sweep_csv_and_markdown():
     assert "break-even lambda" in md.output
 
 
+@pytest.mark.slow
 def test_sweep_several_devices_and_models():
     out = run(
         "sweep",
@@ -88,6 +91,7 @@ def test_sweep_several_devices_and_models():
     }
 
 
+@pytest.mark.slow
 def test_sweep_options_change_the_answer():
     def v_star(*extra):
         data = json.loads(
@@ -157,6 +161,7 @@ def test_sweep_with_training_profile_and_quality(tmp_path):
     assert {r["v_star"] for r in json.loads(out.stdout)["table"]} <= {32768, 262144}
 
 
+@pytest.mark.slow
 def test_sweep_with_a_profile_file_and_a_plot(tmp_path):
     prof = save_device(load_device("l4"), tmp_path / "l4.json")
     png = tmp_path / "fig.png"
@@ -259,6 +264,7 @@ def test_grid_too_large():
     assert len(out.output.splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_plan_writes_a_policy(tmp_path):
     pol = tmp_path / "policy.json"
     out = run(
@@ -298,6 +304,7 @@ def test_plan_errors(args, line, tmp_path):
     assert not (tmp_path / "p.json").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "option",
     [
@@ -328,6 +335,7 @@ def test_every_sweep_option_reaches_the_model(option):
     assert any(default[k] != changed[k] for k in keys), option
 
 
+@pytest.mark.slow
 def test_plan_options(tmp_path):
     one = json.loads(
         run(
@@ -520,6 +528,7 @@ def test_a_corpus_that_fails_while_read_is_one_error_line(tmp_path, monkeypatch)
     assert _one_error_line(out) == f"Error: cannot read '{path}': Input/output error"
 
 
+@pytest.mark.slow
 def test_sweep_marks_capped_cells_and_no_cap_marks_what_does_not_fit():
     args = ("--device", "l4", "--model", "llama-8b", "--vocab", "32k,128k", "--batch", "1,512",
             "--lam", "10")  # fmt: skip
@@ -541,6 +550,7 @@ def test_sweep_marks_capped_cells_and_no_cap_marks_what_does_not_fit():
     assert free["cap_batch"] is False and not big["batch_capped"] and big["batch_run"] == 512
 
 
+@pytest.mark.slow
 def test_sweep_reports_the_band_and_the_share():
     out = json.loads(run("sweep", *SMALL, "--tolerance", "0.05", "--format", "json").stdout)
     assert out["tolerance"] == 0.05
@@ -561,6 +571,7 @@ def test_sweep_reports_the_band_and_the_share():
     assert bad.exit_code == 2 and "--tolerance" in bad.output
 
 
+@pytest.mark.slow
 def test_plan_flags_a_route_whose_batch_does_not_fit():
     args = ("plan", "--workload", "dc:b=100000:share=1", "--lam", "100", "--device", "l4",
             "--model", "llama-8b")  # fmt: skip

@@ -43,6 +43,7 @@ def test_train_writes_every_level(trained):
     assert all((out / lv["path"]).is_file() for lv in manifest["levels"])
 
 
+@pytest.mark.slow
 def test_measure_feeds_sweep_and_the_curve_changes_its_answer(trained, tmp_path):
     out, _ = trained
     profile_path = tmp_path / "compression.json"

@@ -46,6 +46,7 @@ def trained(tmp_path_factory, model_file):
     return out, json.loads(result.stdout), result.stderr
 
 
+@pytest.mark.slow
 def test_train_writes_a_profile_that_sweep_reads(trained):
     out, data, log = trained
     assert "no tokenizer given: training a nested BPE at 300, 400" in log
@@ -69,6 +70,7 @@ def test_train_writes_a_profile_that_sweep_reads(trained):
     assert {row["v_star"] for row in json.loads(sweep.stdout)["table"]} <= {300, 400}
 
 
+@pytest.mark.slow
 def test_table_output_and_resume_to_more_steps(trained, tmp_path):
     out, _, _ = trained
     copy = tmp_path / "run"
@@ -90,6 +92,7 @@ def _error(*args: str, code: int = 1) -> str:
     return result.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_errors_are_one_line_and_leave_nothing(tmp_path, trained, model_file, tok_dir):
     out, _, _ = trained
     new = str(tmp_path / "new")
@@ -128,6 +131,7 @@ def test_errors_are_one_line_and_leave_nothing(tmp_path, trained, model_file, to
     )
 
 
+@pytest.mark.slow
 def test_a_nan_loss_is_one_error_line(tmp_path, model_file, tok_dir, monkeypatch):
     from test_train import _poison_from
 
@@ -147,6 +151,7 @@ def test_help_has_an_example():
     assert "train" in run("--help").output
 
 
+@pytest.mark.slow
 def test_a_pruned_start_trains_at_the_small_vocabulary(trained, tmp_path):
     out, _, _ = trained
     new = tmp_path / "pruned"
@@ -160,6 +165,7 @@ def test_a_pruned_start_trains_at_the_small_vocabulary(trained, tmp_path):
     assert json.loads((new / "tokenizer" / "id_map.json").read_text())["source_vocab"] == 400
 
 
+@pytest.mark.slow
 def test_bad_pruned_starts_are_one_error_line(trained, tmp_path, tok_dir):
     out, _, _ = trained
     new = str(tmp_path / "new")

@@ -36,6 +36,7 @@ def engine(served_run_dir) -> Engine:
     return scrambled_engine(served_run_dir)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "sampling",
     [Sampling(), pytest.param(Sampling(temperature=1.0, seed=3), marks=pytest.mark.slow)],
@@ -90,6 +91,7 @@ def burst(n: int, limit: int) -> list[Request]:
     return [Request(f"r{i}", 0.0, PROMPT, limit) for i in range(n)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("head", [300, 500])
 def test_admission_never_holds_more_than_the_budget(engine, head):
     """A burst of eight equal requests under a budget that holds four sequences at head 500:
@@ -131,6 +133,7 @@ def test_a_budget_that_cannot_hold_a_request_is_one_error(engine):
 # ---- the command line ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_command_serves_continuously_by_default_and_statically_on_request(
     served_run_dir, tmp_path
 ):

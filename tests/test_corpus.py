@@ -332,6 +332,7 @@ def test_prose_is_made_here_from_what_is_shipped_and_labelled(fake_share, monkey
     assert default_max_bytes(PROSE) == default_max_bytes("builtin")
 
 
+@pytest.mark.slow
 def test_prose_is_deterministic_and_mixes_its_sources():
     a = list(open_corpus(PROSE, max_bytes=600_000).documents())
     assert a == list(open_corpus(PROSE, max_bytes=600_000).documents())
@@ -344,6 +345,7 @@ def test_prose_is_deterministic_and_mixes_its_sources():
     assert sorted(train + held) == sorted(a) and held
 
 
+@pytest.mark.slow
 def test_prose_holds_enough_text_for_a_16k_tokenizer():
     from vocabjax.vocab import train_nested
 

@@ -150,6 +150,7 @@ def test_two_hundred_concurrent_clients_each_get_their_tokens(engine):
     assert any("compiled head 500: join at 16 rows" in line for line in lines)  # batched
 
 
+@pytest.mark.slow
 def test_bad_requests_get_one_clear_400_and_a_client_that_leaves_is_cleaned_up(engine):
     with running(engine, SlowLive, steps_per_call=2) as (base, live, server, thread, lines):
         url = base + "/v1/completions"

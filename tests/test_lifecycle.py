@@ -45,6 +45,7 @@ def _model(device="a100-80gb", shape="paper-1.5b", **kw):
     return CostModel(load_device(device), load_shape(shape), Settings(**kw), DEFAULT_CURVE)
 
 
+@pytest.mark.slow
 def test_sweep_matches_point_by_point_python():
     cm = _model()
     grid = Grid()
@@ -86,6 +87,7 @@ def test_v_star_stays_in_grid_and_lambda_zero_ignores_batch(vocab, batch, lam, d
     assert (c_star >= res.c_train[res.index(res.v_train)] - 1e-18).all()
 
 
+@pytest.mark.slow
 def test_sharded_sweep_equals_one_device():
     devices = jax.devices()
     assert len(devices) == 4, "conftest forces 4 CPU devices"
@@ -153,6 +155,7 @@ def test_cap_batch_when_weights_do_not_fit_gives_no_v_star():
     assert res.index(32768) == 0
 
 
+@pytest.mark.slow
 def test_quality_bound_excludes_poor_and_unmeasured_vocab():
     prof = TrainingProfile("t", (8192, 32768, 131072), None, (1.00, 0.90, 0.95))
     grid = Grid(vocab=(8192, 32768, 131072, 524288), lam=(0.0, 1000.0))
@@ -210,6 +213,7 @@ def test_fine_vocab_spans_the_grid_and_holds_its_sizes():
     assert steps.max() < 1.5 / FINE_PER_OCTAVE
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", ["a100-80gb", "l4"])
 def test_band_holds_v_star_and_widens_with_tolerance(device):
     cm = _model(device, "llama-8b")
@@ -252,6 +256,7 @@ def test_v_star_share_is_null_without_calibration_and_sums_to_one_with_it():
     assert all(abs(sum(s["share"] for s in r["v_star_share"]) - 1) < 1e-4 for r in rows)
 
 
+@pytest.mark.slow
 def test_v_star_share_without_spread_always_picks_v_star():
     device = load_device("a100-80gb")
     exact = dataclasses.replace(device, calibration={**device.calibration, "log_residual_sd": 0.0})

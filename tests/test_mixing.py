@@ -31,6 +31,7 @@ SAMPLING_IDS = ["greedy", "sampled", "top_k"]
 # ---- the masked pick ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=SAMPLING_IDS)
 def test_a_mixed_pick_is_each_rows_pick_at_its_own_head(sampling):
     heads = (31, 64, 97)
@@ -61,6 +62,7 @@ def test_a_mixed_pick_is_each_rows_pick_at_its_own_head(sampling):
     ).any()
 
 
+@pytest.mark.slow
 def test_a_mixed_decode_loop_equals_each_heads_loop():
     """The same carry of rows at two heads, run by the loop once mixed and once per head."""
     heads = (40, 97)
@@ -107,6 +109,7 @@ LIMITS = (9, 12, 6, 10)
 AT = (300, 500, 300, 500)  # the head each request runs at
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "sampling",
     [Sampling(), pytest.param(Sampling(temperature=1.0, top_k=7), marks=pytest.mark.slow)],
@@ -153,6 +156,7 @@ TRACE = (
 ROUTES = [(1, 300), (None, 500)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mixing", ["mixed", "separate", "auto"])
 def test_a_trace_served_mixed_or_apart_gives_each_request_its_own_heads_tokens(engine, mixing):
     lines: list[str] = []

@@ -29,6 +29,7 @@ def ids(key, batch=2, seq=SEQ, vocab=VOCAB):
     return jax.random.randint(jax.random.key(key), (batch, seq), 0, vocab, dtype=jnp.int32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [GQA, GELU], ids=lambda s: s.name)
 def test_changing_a_later_token_never_changes_earlier_states(shape):
     m = model(shape)
@@ -40,6 +41,7 @@ def test_changing_a_later_token_never_changes_earlier_states(shape):
     assert np.abs(hx[:, 7:] - hy[:, 7:]).max() > 1e-3  # the change does reach later positions
 
 
+@pytest.mark.slow
 def test_gqa_shapes_and_equivalence_to_mha_with_repeated_kv_heads():
     g = model(GQA)
     attn = g.blocks[0].attn
@@ -85,6 +87,7 @@ def _reference_loss(m: GPT, x, labels, vocab):
     return -jnp.mean(jnp.take_along_axis(logp, labels[..., None], axis=-1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("vocab", [VOCAB, 263])
 def test_loss_xla_and_chunked_agree_in_value_and_gradient(vocab):
     m = model()
@@ -112,6 +115,7 @@ def test_loss_xla_and_chunked_agree_in_value_and_gradient(vocab):
     assert np.all(g_w[vocab:] == 0) and np.abs(g_w[:vocab]).max() > 0
 
 
+@pytest.mark.slow
 def test_bf16_compute_stays_close_to_f32_and_params_stay_f32():
     x, labels = ids(6), ids(7)
     f32 = float(model().loss(x, labels, VOCAB, impl="xla"))
@@ -170,6 +174,7 @@ def test_separate_heads_are_their_own_matrices_and_nested_stays_the_default():
     assert float(nested.alignment()) == 0.0
 
 
+@pytest.mark.slow
 def test_alignment_measures_the_shared_rows_and_its_gradient_reaches_every_head():
     m = model(heads_kind="separate", heads=SEPARATE)
     fn, params = Functional.of(m)

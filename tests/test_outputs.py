@@ -189,6 +189,7 @@ def test_an_immutable_directory_is_one_error_line(tmp_path):
     assert list(locked.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_late_os_error_is_one_line_naming_the_path(tmp_path, monkeypatch):
     def full(tmp, path):
         raise OSError(28, "No space left on device")
@@ -290,6 +291,7 @@ def kill_at(moment: str, target: Path, *args) -> subprocess.CompletedProcess:
     return proc
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("moment", ["write", "commit", "committed"])
 def test_tokenizer_train_killed_leaves_the_earlier_output_or_the_new_one(moment, tmp_path, corpus):
     out = tmp_path / "tok"

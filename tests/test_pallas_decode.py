@@ -73,6 +73,7 @@ class DecodeKernelTestBase:
             blocks = self.blocks(h_bd.shape[0], w_vd.shape[0], w_vd.shape[1], h_bd.dtype)
         return self.kernel(h_bd, w_vd, seeds, blocks=blocks, interpret=self.INTERPRET, **kw)
 
+    @pytest.mark.slow
     def test_matches_float64(self, case):
         (batch, vocab, d_model), dtype = case
         shape = (batch, vocab, d_model)
@@ -90,6 +91,7 @@ class DecodeKernelTestBase:
         np.testing.assert_array_equal(out.sample_b, ref.sample_b)
         assert np.all((np.asarray(out.sample_b) >= 0) & (np.asarray(out.sample_b) < vocab))
 
+    @pytest.mark.slow
     @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
     def test_argmax_ties_take_lowest_id(self, dtype):
         batch, vocab, d_model = 3, 1000, 100
@@ -103,6 +105,7 @@ class DecodeKernelTestBase:
         assert int(ref.argmax_b[0]) == 300
         np.testing.assert_array_equal(out.argmax_b, ref.argmax_b)
 
+    @pytest.mark.slow
     def test_sample_independent_of_blocks(self):
         batch, vocab, d_model = 5, 1000, 100
         h_bd, w_vd = random_hw(3, batch, vocab, d_model, jnp.float32)

@@ -94,6 +94,7 @@ class LinearCETestBase:
             h, w, labels, lse, g_lse, g_target, blocks=blocks, interpret=self.INTERPRET
         )
 
+    @pytest.mark.slow
     @pytest.mark.parametrize("shape,dtype", CASES)
     def test_fwd_bwd_match_float64(self, shape, dtype):
         n_rows, vocab, d_model = shape
@@ -139,6 +140,7 @@ class LinearCETestBase:
         assert_close_scaled(dh, dh64, GRAD_TOL[jnp.float32], "dh")
         assert_close_scaled(dw, dw64, GRAD_TOL[jnp.float32], "dW")
 
+    @pytest.mark.slow
     def test_mean_loss_custom_vjp_matches_jax_grad(self):
         """The way unembed uses the kernels: a custom_vjp mean loss with ignore_index."""
         n_rows, vocab, d_model, ignore = 21, 500, 48, -100
@@ -185,6 +187,7 @@ class LinearCETestBase:
         assert_close_scaled(dh, rdh, GRAD_TOL[jnp.float32], "dh")
         assert_close_scaled(dw, rdw, GRAD_TOL[jnp.float32], "dW")
 
+    @pytest.mark.slow
     @pytest.mark.parametrize("shape", [(37, 1000, 100), (37, 1024, 64)])
     def test_poisoned_outputs_all_written(self, shape):
         n_rows, vocab, d_model = shape

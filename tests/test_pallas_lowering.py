@@ -49,6 +49,7 @@ def specs(dtype, batch=SHAPE[0]):
     return SD((batch, d_model), dtype), SD((vocab, d_model), dtype)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_every_candidate_lowers_to_triton(dtype):
     h, w = specs(dtype)
@@ -67,6 +68,7 @@ def test_every_candidate_lowers_to_triton(dtype):
         lower_cuda(functools.partial(linear_ce_bwd, blocks=b), h, w, rows_i, *[rows_f] * 3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("shape", [(8192, 65536, 512), (37, 1024, 100)])
 def test_linear_ce_lowers_without_a_ragged_vocabulary(shape, dtype):

@@ -10,6 +10,7 @@ from pallas_kernels._common import DecodeStats
 KEYS = {"kernel", "shape", "dtype", "max_abs_err", "ok"}
 
 
+@pytest.mark.slow
 def test_run_all_interpret_rows_pass():
     rows = selfcheck.run_all(interpret=True, kernels=("fused_topk",))
     assert {(r["kernel"], r["dtype"]) for r in rows} == {
@@ -22,6 +23,7 @@ def test_run_all_interpret_rows_pass():
         assert 0 <= r["max_abs_err"] < 1e-3
 
 
+@pytest.mark.slow
 def test_wrong_kernel_is_reported(monkeypatch):
     def off_by_one(h, w, seeds=None, **kw):
         out = selfcheck.fused_decode(h, w, seeds, **kw)

@@ -66,6 +66,7 @@ class FusedTopKTestBase:
         blocks = blocks or self.blocks(h_bd.shape[0], w_vd.shape[0], w_vd.shape[1], h_bd.dtype)
         return fused_topk(h_bd, w_vd, k, blocks=blocks, interpret=self.INTERPRET)
 
+    @pytest.mark.slow
     @pytest.mark.parametrize(
         "case", CASES, ids=[f"{b}x{v}x{d}-k{k}-{jnp.dtype(t).name}" for (b, v, d, k), t in CASES]
     )
@@ -75,6 +76,7 @@ class FusedTopKTestBase:
         vals, ids = self.topk(h_bd, w_vd, k)
         check_topk(vals, ids, logits64(h_bd, w_vd), k, TOL[dtype])
 
+    @pytest.mark.slow
     @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
     def test_ties_in_id_order(self, dtype):
         batch, vocab, d_model, k = 3, 1000, 100, 6

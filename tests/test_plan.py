@@ -54,6 +54,7 @@ def test_subset_masks_enumerate_every_set_fewest_heads_first():
         subset_masks(5, 0)
 
 
+@pytest.mark.slow
 def test_plan_against_brute_force():
     cm = _model()
     classes = parse_workload(WORKLOAD)
@@ -84,6 +85,7 @@ def test_plan_against_brute_force():
     assert p.heads_cost <= p.single_cost * (1 + 1e-6)
 
 
+@pytest.mark.slow
 def test_single_class_plan_is_one_head_and_matches_sweep():
     from vocabjax.lifecycle import Grid, sweep
 
@@ -120,6 +122,7 @@ def test_lambda_zero_plan_is_the_training_optimum():
     assert p.heads == (p.v_train,)
 
 
+@pytest.mark.slow
 def test_plan_prices_each_class_as_the_sweep_prices_its_batch():
     from vocabjax.lifecycle import Grid, sweep
 
@@ -132,6 +135,7 @@ def test_plan_prices_each_class_as_the_sweep_prices_its_batch():
     np.testing.assert_array_equal(p.b_max[:, 0], res.b_max)
 
 
+@pytest.mark.slow
 def test_plan_compiles_once_per_model_and_options(monkeypatch):
     from vocabjax import planning
 

@@ -109,6 +109,7 @@ def test_a_missing_or_empty_trace_is_one_error(tmp_path):
         load_trace(write_lines(tmp_path / "blank.jsonl", "", "   "))
 
 
+@pytest.mark.slow
 def test_the_demo_trace_is_deterministic_and_has_its_phases():
     room = PromptRoom(tokens=lambda text: len(text.encode()) // 3 + 1, max_tokens=75)
     reqs = demo_trace(3, room=room)
@@ -270,6 +271,7 @@ def full_forward_nats(run: LoadedRun, ids: np.ndarray, head: int) -> float:
     return -float(table[np.arange(len(ids) - 1), ids[1:]].astype(np.float64).sum())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("head", HEADS)
 def test_prompt_bpb_equals_a_full_forward(engine, scrambled, head):
     out = engine.generate(PROMPTS, head=head, max_new_tokens=2, score=True, pad_batch_to=4)
@@ -283,6 +285,7 @@ def test_prompt_bpb_equals_a_full_forward(engine, scrambled, head):
     assert len({round(c.prompt_nats, 3) for c in out.completions}) == 3  # not one value
 
 
+@pytest.mark.slow
 def test_padding_rows_and_per_prompt_limits_change_nothing_else(engine):
     padded = engine.generate(PROMPTS, head=300, max_new_tokens=6, score=True, pad_batch_to=4)
     plain = engine.generate(PROMPTS, head=300, max_new_tokens=6, score=True)
@@ -309,6 +312,7 @@ def trace() -> list[Request]:
     return [*reqs, Request("c", 10.0, PROMPTS[0], 4)]
 
 
+@pytest.mark.slow
 def test_the_serving_loop_routes_moves_and_keeps_its_clock(engine):
     # Thresholds far below any BPB of these prompts: every full window asks for a level up.
     config = ServeConfig(max_batch=3, window=2, batching="static")
@@ -447,6 +451,7 @@ def test_json_output_and_plot(files, tmp_path):
     assert plot.stat().st_size > 10_000 and f"wrote {plot}" in result.stderr
 
 
+@pytest.mark.slow
 def test_csv_and_markdown_give_one_row_per_batch(files):
     args = ("--run", files["run"], "--policy", files["policy"], "--trace", files["one"],
             "--max-new-tokens", "1")  # fmt: skip

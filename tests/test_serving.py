@@ -55,6 +55,7 @@ def scrambled(run) -> LoadedRun:
 # ---- the cache path of the model ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cached_forward_equals_the_full_forward():
     """Prefill right-padded prompts of lengths 5 and 9, then decode 6 tokens each at its own
     position: every hidden state equals the full forward's (causal, so one forward of the
@@ -126,6 +127,7 @@ def test_take_appends_running_rows_and_gives_each_stop_its_code():
     assert dec.running(after).tolist() == [False, False, False, False, True, False]
 
 
+@pytest.mark.slow
 def test_the_decode_loop_equals_host_driven_steps():
     """``decode`` (one jitted while_loop) against ``start`` then ``step`` called from the host
     one at a time, on prompts of different lengths, limits and a padding row; sampled, so the
@@ -187,6 +189,7 @@ def reference_greedy(run: LoadedRun, prompt: str, head: int, n: int) -> list[int
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("head", HEADS)
 def test_greedy_tokens_equal_recomputing_the_full_forward(scrambled, head):
     engine = Engine(scrambled)
@@ -201,6 +204,7 @@ def test_greedy_tokens_equal_recomputing_the_full_forward(scrambled, head):
     assert out.bucket == 32 and out.batch == 2 and out.head == head
 
 
+@pytest.mark.slow
 def test_the_trained_run_agrees_with_its_full_forward_too(run):
     out = Engine(run).generate(PROMPTS[:1], head=HEADS[0], max_new_tokens=5)
     assert list(out.completions[0].tokens) == reference_greedy(run, PROMPTS[0], HEADS[0], 5)
@@ -218,6 +222,7 @@ def _with_params(run: LoadedRun, **changes) -> LoadedRun:
     return dataclasses.replace(run, params=params, model=run.fn.model(params))
 
 
+@pytest.mark.slow
 def test_generation_stops_at_the_separator_and_on_a_non_finite_state(scrambled):
     # W = 0: every logit ties, the lowest id wins, and id 0 is the separator: stop at once.
     assert scrambled.level(300).separator == 0

@@ -108,6 +108,7 @@ def test_eval_windows_predict_every_token_after_the_first_once():
         np.testing.assert_array_equal(flat_inputs[w][keep] + 1, flat_labels[w][keep])
 
 
+@pytest.mark.slow
 def test_heldout_bpb_equals_a_hand_computation():
     cfg = config(heads=(257, 300), seq_len=8)
     fn, params = init_params(cfg)
@@ -131,6 +132,7 @@ def test_heldout_bpb_equals_a_hand_computation():
 # ---- training ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_loss_goes_down_on_a_repeated_batch_for_every_head():
     cfg = config(steps=30, warmup=3, lr=1e-2)
     fn, params = init_params(cfg)
@@ -149,6 +151,7 @@ def test_loss_goes_down_on_a_repeated_batch_for_every_head():
     assert np.all(last < 0.5 * first), (first, last)
 
 
+@pytest.mark.slow
 def test_the_step_donates_its_state_and_timing_leaves_the_callers_intact():
     cfg = config(steps=4)
     fn, params = init_params(cfg)
@@ -173,6 +176,7 @@ def _params(run_dir):
     return load_checkpoint(run_dir).params
 
 
+@pytest.mark.slow
 def test_half_then_resume_equals_straight(tmp_path, tok_dir):
     cfg = config(tokenizer=str(tok_dir), steps=6, checkpoint_every=2)
     straight = train(cfg, tmp_path / "a", measure=False)
@@ -191,6 +195,7 @@ def test_half_then_resume_equals_straight(tmp_path, tok_dir):
     assert any(np.abs(a[n] - mid[n]).max() > 1e-4 for n in a)  # steps 4..6 did change them
 
 
+@pytest.mark.slow
 def test_a_fresh_run_refuses_an_existing_run_and_resume_checks_the_config(tmp_path, tok_dir):
     cfg = config(tokenizer=str(tok_dir), steps=2)
     train(cfg, tmp_path / "r", measure=False)
@@ -251,6 +256,7 @@ def _poison_from(monkeypatch, bad_call: int) -> None:
     monkeypatch.setattr(run_module, "make_train_step", poisoned)
 
 
+@pytest.mark.slow
 def test_a_nan_loss_stops_at_its_step_and_never_checkpoints_it(tmp_path, tok_dir, monkeypatch):
     _poison_from(monkeypatch, 3)
     cfg = config(tokenizer=str(tok_dir), steps=6, checkpoint_every=2)
@@ -263,6 +269,7 @@ def test_a_nan_loss_stops_at_its_step_and_never_checkpoints_it(tmp_path, tok_dir
     assert all(np.isfinite(v).all() for v in ck.params.values())
 
 
+@pytest.mark.slow
 def test_a_nan_at_the_first_step_writes_nothing(tmp_path, tok_dir, monkeypatch):
     _poison_from(monkeypatch, 1)
     with pytest.raises(UserError, match="loss is not finite at step 1 .*no checkpoint was written"):

@@ -23,6 +23,7 @@ def batch(key: int, heads=HEADS, b: int = 2, t: int = 16) -> jax.Array:
     )
 
 
+@pytest.mark.slow
 def test_the_loss_of_separate_heads_and_its_gradient_reach_every_head():
     cfg = config(heads_kind="separate", align_weight=0.5)
     fn, params = init_params(cfg)

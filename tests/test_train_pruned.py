@@ -31,6 +31,7 @@ def pruned_config(source_run, **kw):
     return config(**{**base, **kw})
 
 
+@pytest.mark.slow
 def test_the_gathered_rows_are_the_source_rows_by_id_map(source_run, tmp_path):
     out = tmp_path / "pruned"
     train(pruned_config(source_run), out, stop_after=0)  # the checkpoint holds the start
@@ -65,6 +66,7 @@ def test_a_pruned_run_resumes_as_a_straight_one(source_run, tmp_path):
         np.testing.assert_allclose(b[name], a[name], rtol=1e-6, atol=1e-7, err_msg=name)
 
 
+@pytest.mark.slow
 def test_a_pruned_tokenizer_given_must_come_from_the_run(source_run, tmp_path):
     (level,) = tokenizers_from_dir(source_run / "tokenizer", [500])
     texts = [mixed_text(i) for i in range(20)]
@@ -91,6 +93,7 @@ def test_a_pruned_tokenizer_given_must_come_from_the_run(source_run, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.slow
 def test_bad_pruned_starts_are_user_errors(source_run, tmp_path):
     with pytest.raises(
         UserError,

@@ -163,6 +163,7 @@ class Base:
         return out
 
     # --- decode ops --------------------------------------------------------------------------
+    @pytest.mark.slow
     @pytest.mark.parametrize(
         ("dtype", "batch"), [("f32", 1), ("bf16", 1), ("f32", 3), ("bf16", 3), SLOW_513]
     )
@@ -186,6 +187,7 @@ class Base:
             assert (np.diff(vals, axis=1) <= 0).all()
             assert all(len(set(r)) == 7 for r in top_ids.tolist())
 
+    @pytest.mark.slow
     @pytest.mark.parametrize("dtype", DTYPES)
     def test_exact_ties_resolve_to_lowest_id(self, dtype):
         """Integer inputs make every logit exact, with many ties; ids must match exactly."""
@@ -205,6 +207,7 @@ class Base:
             np.testing.assert_array_equal(ids, order[:, :5])
             np.testing.assert_array_equal(vals, np.take_along_axis(logits, order[:, :5], 1))
 
+    @pytest.mark.slow
     def test_sample_is_the_same_for_every_impl_and_tiling(self):
         h, w, logits = data("f32", 3)
         key = jax.random.key(42)
@@ -228,6 +231,7 @@ class Base:
                 got = draw(h, w)
                 np.testing.assert_array_equal(got, want, err_msg=f"{temperature=} {k=} {blocks=}")
 
+    @pytest.mark.slow
     @pytest.mark.parametrize(("temperature", "k"), [(1.0, None), (0.6, None), (1.0, 6)])
     def test_sample_distribution_matches_softmax(self, temperature, k):
         """Chi-square of 20,000 draws (one row each, same h) against softmax(logits / T)."""
@@ -257,6 +261,7 @@ class Base:
         assert pvalue > 1e-3, (chi2, pvalue)
 
     # --- linear cross-entropy ----------------------------------------------------------------
+    @pytest.mark.slow
     @pytest.mark.parametrize(("dtype", "n"), [SLOW_513, ("bf16", 37)])
     def test_linear_cross_entropy_and_gradients(self, dtype, n):
         """N tokens, 20% ignored, z-loss on: every reduction's loss, and the gradients for h and
@@ -296,6 +301,7 @@ class Base:
             assert_close(dh, ref["dh"], dtype=dh.dtype, scale=np.abs(ref["dh"]).max(), what="dh")
             assert_close(dw, ref["dw"], dtype=dw.dtype, scale=np.abs(ref["dw"]).max(), what="dw")
 
+    @pytest.mark.slow
     @pytest.mark.parametrize(("dtype", "n"), [SLOW_513, ("bf16", 37)])
     def test_mean_and_sum_loss_and_gradients(self, dtype, n):
         """value_and_grad of the mean and sum losses (for chunked and pallas the path whose
@@ -349,6 +355,7 @@ class Base:
         assert_close(dh, ref_dh, dtype=np.float32, scale=np.abs(ref_dh).max())
         assert_close(dw, ref_dw, dtype=np.float32, scale=np.abs(ref_dw).max())
 
+    @pytest.mark.slow
     def test_cross_entropy_takes_leading_axes_and_all_ignored(self):
         h, w, logits = data("f32", 3)
         kw = self.kw()
@@ -369,6 +376,7 @@ class Base:
         assert float(loss) == 0.0 and not np.asarray(dh).any() and not np.asarray(dw).any()
 
     # --- transformations and bad input -------------------------------------------------------
+    @pytest.mark.slow
     def test_vmap_over_extra_axes(self):
         h, w, _ = data("f32", 3)
         hh = jnp.stack([h, h[::-1]])
@@ -427,6 +435,7 @@ class TestChunked(Base):
     # at N = 37) and a ragged one given alone in a dict.
     GRAD_BLOCKS = (None, {"block_n": 100})
 
+    @pytest.mark.slow
     def test_cross_entropy_rows_padded_to_min_rows(self, n=1):
         """Rows padded up to ``min_rows`` carry ignore_index: every reduction's loss and the
         gradients are those of the given row alone."""
@@ -527,6 +536,7 @@ def temp_bytes(op: str, impl: str) -> int:
     return jax.jit(fn).lower(*args).compile().memory_analysis().temp_size_in_bytes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("op", "impl"),
     [

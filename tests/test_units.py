@@ -234,6 +234,7 @@ _fuzz_args = dict(
 )
 
 
+@pytest.mark.slow
 @given(**_fuzz_args)
 def test_parsers_fuzz(size, bounds, size_list, floats, workload):
     _fuzz(size, bounds, size_list, floats, workload)

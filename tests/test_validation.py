@@ -84,6 +84,7 @@ def fake_times(monkeypatch, measured_s: float = 1e-3):
 # ---- one real run ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_json_has_every_family_with_finite_positive_figures(real_run):
     _, doc, _, _ = real_run
     assert doc["schema"] == 1 and doc["kind"] == "validation"
@@ -110,6 +111,7 @@ def test_json_has_every_family_with_finite_positive_figures(real_run):
             assert [o["op"] for o in p["ops"]] == ["train", "optimizer"] and p["launches"] == 0
 
 
+@pytest.mark.slow
 def test_summary_equals_a_recomputation_from_the_points(real_run):
     _, doc, _, _ = real_run
     before = doc["summary"]["before"]
@@ -132,12 +134,14 @@ def test_summary_equals_a_recomputation_from_the_points(real_run):
         check(s, [p for p in doc["points"] if p["kind"] == kind])
 
 
+@pytest.mark.slow
 def test_out_is_the_printed_json_written_whole(real_run):
     _, doc, out, _ = real_run
     assert json.loads(out.read_text()) == doc
     assert sorted(x.name for x in out.parent.iterdir()) == [out.name]  # no temporary left
 
 
+@pytest.mark.slow
 def test_progress_goes_to_stderr(real_run):
     result, _, out, _ = real_run
     assert "validate: compiled 1/" in result.stderr
@@ -145,6 +149,7 @@ def test_progress_goes_to_stderr(real_run):
     assert f"wrote {out}" in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["table", "markdown", "csv"])
 def test_formats_render_the_points_and_the_summary(real_run, monkeypatch, fmt):
     _, doc, _, measured = real_run
@@ -250,6 +255,7 @@ def test_prediction_is_the_roofline_by_hand(shape, family, vocab, batch, context
     assert q.predicted_s == pytest.approx(expected, rel=1e-12)
 
 
+@pytest.mark.slow
 def test_the_real_runs_predictions_match_the_hand_roofline(real_run):
     _, doc, _, _ = real_run
     tiny = BUILTIN_SHAPES["tiny"]
@@ -441,6 +447,7 @@ def test_help_has_an_example():
     assert "--grid" not in result.stdout  # the test grid's option is hidden
 
 
+@pytest.mark.slow
 def test_render_module_formats_every_row(real_run):
     _, _, _, measured = real_run
     for fmt in ("table", "markdown", "csv"):
@@ -451,6 +458,7 @@ def test_render_module_formats_every_row(real_run):
 # ---- --fit -------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_fit_recovers_a_machine_and_prices_as_the_fit_does(monkeypatch, tmp_path):
     """Timings made by a known 'machine' (efficiency tables, launch and dispatch overheads,
     attention and training scales): the fit on the quick grid's points finds it, and the
@@ -541,6 +549,7 @@ def test_fit_on_an_unknown_family_is_one_error_before_any_work():
 # ---- a saved run read back (--from) -------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_saved_run_prices_again_as_it_was_priced(real_run, tmp_path):
     """``--from`` reads the saved run's measurements and prices them on the profile the run
     used: the same points and figures; on another profile, the same measurements priced anew."""
@@ -565,6 +574,7 @@ def test_a_saved_run_prices_again_as_it_was_priced(real_run, tmp_path):
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("edit", "message"),
     [

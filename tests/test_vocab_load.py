@@ -206,6 +206,7 @@ def _sample_documents(seed):
     return docs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(PUBLISHED_PATTERNS))
 def test_ids_are_tiktokens_on_sampled_documents(tmp_path, name):
     tiktoken = pytest.importorskip("tiktoken")
