@@ -5,7 +5,20 @@ GPU tests (marker ``gpu``) are deselected by default; on a GPU machine run
 ``VOCABJAX_TEST_GPU=1 python -m pytest -m gpu``.
 """
 
+import atexit
 import os
+import shutil
+import tempfile
+
+# One persistent compilation cache per test session, shared by the xdist workers (they inherit
+# the controller's environment) and removed at its end: tests build fresh jitted functions of the
+# same computations (a model per test, a training run per seed), and each such computation then
+# compiles once per session instead of once per test. A cache the caller names is used as is.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _cache = tempfile.mkdtemp(prefix="vocabjax-test-jax-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
