@@ -1273,7 +1273,7 @@ def serve(run_dir, policy, trace, demo, save_trace, plot, fmt, port, host, **opt
         curl -s localhost:8000/v1/completions -H 'Content-Type: application/json' \\
             -d '{"prompt": "def main(", "max_tokens": 16}'
     """
-    from vocabjax.serving import Engine, Sampling, ServeConfig, load_serve_inputs, write_trace
+    from vocabjax.serving import Engine, ServeConfig, load_serve_inputs, write_trace
     from vocabjax.serving import serve as serve_trace
 
     if trace and demo:
@@ -1282,16 +1282,7 @@ def serve(run_dir, policy, trace, demo, save_trace, plot, fmt, port, host, **opt
         raise UserError(
             "--port serves live traffic with continuous batching: no --plot or --batching static"
         )
-    config = ServeConfig(
-        max_batch=options["max_batch"],
-        max_new_tokens=options["max_new_tokens"],
-        window=options["window"],
-        sampling=Sampling(options["temperature"], options["top_k"], options["seed"]),
-        batching=options["batching"],
-        memory_bytes=options["memory"],
-        mixing=options["mixing"],
-        device=load_device(options["device_spec"]) if options["device_spec"] else None,
-    )
+    config = ServeConfig.from_options(options)
     inputs = load_serve_inputs(
         run_dir, policy, trace=trace, seed=options["seed"], max_new_tokens=config.max_new_tokens,
         bpb_high=options["bpb_high"], bpb_low=options["bpb_low"], bpb_band=options["bpb_band"],

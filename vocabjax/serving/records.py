@@ -15,7 +15,7 @@ from typing import Any, Literal
 import numpy as np
 
 from vocabjax.errors import UserError
-from vocabjax.hardware import DeviceProfile
+from vocabjax.hardware import DeviceProfile, load_device
 from vocabjax.profiles import SCHEMA
 from vocabjax.serving.admission import MemoryPlan
 from vocabjax.serving.controller import DEFAULT_WINDOW, QualityController, Thresholds
@@ -72,6 +72,22 @@ class ServeConfig:
         m = self.memory_bytes
         if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
             raise UserError(f"memory_bytes={m!r} must be a positive integer")
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> ServeConfig:
+        """The config of ``serve``'s options (cli.py's names: max_batch, max_new_tokens, window,
+        temperature, top_k, seed, batching, memory, mixing, device_spec)."""
+        spec = options["device_spec"]
+        return cls(
+            max_batch=options["max_batch"],
+            max_new_tokens=options["max_new_tokens"],
+            window=options["window"],
+            sampling=Sampling(options["temperature"], options["top_k"], options["seed"]),
+            batching=options["batching"],
+            memory_bytes=options["memory"],
+            mixing=options["mixing"],
+            device=load_device(spec) if spec else None,
+        )
 
     def rows(self, batch: int) -> int:
         """The rows a batch of ``batch`` requests runs as."""
