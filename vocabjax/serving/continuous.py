@@ -40,11 +40,11 @@ from vocabjax.errors import UserError
 from vocabjax.hardware import DeviceProfile
 from vocabjax.progress import Progress
 from vocabjax.serving.admission import MemoryPlan, admit_count, human_bytes
-from vocabjax.serving.batching import Call, Finished, Joining, RunningBatch, solo_key
+from vocabjax.serving.batching import Call, Finished, Joined, Joining, RunningBatch, solo_key
 from vocabjax.serving.engine import Engine
 from vocabjax.serving.mixing import Placement, Placer, Pricer
 from vocabjax.serving.records import ServeConfig, ServedBatch, ServedChunk, ServedRequest, _Record
-from vocabjax.serving.router import Routes, route_batch
+from vocabjax.serving.router import RoutedBatch, Routes, route_batch
 from vocabjax.serving.trace import Request
 
 
@@ -144,17 +144,10 @@ class Continuous:
         joined, finished, calls = batch.join(joining, head)
         self._charge(calls)
         join = next(c for c in calls if c.kind == "join")
-        bpbs = []
-        for j, kv in zip(joined, need[:n], strict=True):
-            r = self.queue[j.tag]
-            nats = j.prompt_nats
-            assert nats is not None  # score=True
-            bpb = nats / (math.log(2) * len(r.prompt.encode("utf-8")))
-            window = self.record.observe(bpb, len(r.prompt.encode("utf-8")), route, k, self.now)
-            self.held[j.tag] = _Held(
-                head, kv, start, k, route.offset, j.prompt_tokens, bpb, window, running
-            )
-            bpbs.append(bpb)
+        bpbs = [
+            self._hold(j, kv, route, k, start, running)
+            for j, kv in zip(joined, need[:n], strict=True)
+        ]
         choice = self.engine.impl_choice(head, config.sampling, join.rows)
         self.record.batches.append(
             ServedBatch(
@@ -184,6 +177,20 @@ class Continuous:
         self._finish(finished)
         if (k + 1) % config.progress_every == 0:
             self.log(self.record.progress_line(len(self.queue), self.now))
+
+    def _hold(
+        self, j: Joined, kv: int, route: RoutedBatch, k: int, start: float, running: int
+    ) -> float:
+        """A joined request is held with its KV bytes, and its prompt's bits per byte (the
+        quality controller's observation, returned) recorded for batch ``k``."""
+        prompt = self.queue[j.tag].prompt.encode("utf-8")
+        assert j.prompt_nats is not None  # score=True
+        bpb = j.prompt_nats / (math.log(2) * len(prompt))
+        window = self.record.observe(bpb, len(prompt), route, k, self.now)
+        self.held[j.tag] = _Held(
+            route.head, kv, start, k, route.offset, j.prompt_tokens, bpb, window, running
+        )
+        return bpb
 
     def decode(self) -> None:
         """Every group with running requests runs its on-device loop for k steps at most."""
