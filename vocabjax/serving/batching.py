@@ -120,6 +120,28 @@ class _Row:
     head: int  # the head it runs at
 
 
+def _padded(
+    joining: Sequence[Joining], max_seq: int
+) -> tuple[np.ndarray, jax.Array, jax.Array, jax.Array, int]:
+    """The joining requests as a prefill's inputs, padded to a power of two of rows (a padding
+    row is one token long, its key the first request's, its limit 1): ids (rows, bucket) with
+    the bucket from ``bucket_length``, lengths, keys, limits, and the bucket."""
+    n_pad = 1 << (len(joining) - 1).bit_length()
+    pad = n_pad - len(joining)
+    lengths = [len(j.ids) for j in joining]
+    bucket = bucket_length(max(lengths), max_seq)
+    ids_nt = np.zeros((n_pad, bucket), np.int32)
+    for row, j in zip(ids_nt, joining, strict=False):
+        row[: len(j.ids)] = j.ids
+    return (
+        ids_nt,
+        jnp.asarray(np.asarray(lengths + [1] * pad, np.int32)),
+        jnp.stack([j.key for j in joining] + [joining[0].key] * pad),
+        jnp.asarray(np.asarray([j.limit for j in joining] + [1] * pad, np.int32)),
+        bucket,
+    )
+
+
 class RunningBatch:
     """The running rows of a batch, at one head or several nested heads: the decode carry on
     the device and, per row, the request it holds (host side). Not thread-safe: one caller
@@ -206,15 +228,8 @@ class RunningBatch:
             started = time.perf_counter()
         running = self.live
         free = [r for r, row in enumerate(self._rows) if row is None][:n]
-        n_pad = 1 << (n - 1).bit_length()
-        lengths = [len(j.ids) for j in joining]
-        bucket = bucket_length(max(lengths), config.max_seq)
-        ids_nt = np.zeros((n_pad, bucket), np.int32)
-        for row, j in zip(ids_nt, joining, strict=False):
-            row[: len(j.ids)] = j.ids
-        pad = n_pad - n
-        lengths_n = jnp.asarray(np.asarray(lengths + [1] * pad, np.int32))
-        keys_n = jnp.stack([j.key for j in joining] + [joining[0].key] * pad)
+        ids_nt, lengths_n, keys_n, limits_n, bucket = _padded(joining, config.max_seq)
+        n_pad = len(ids_nt)
         params = self.engine.run.params
         s = self.sampling
         prefill, compile_p = self.engine.function(
@@ -229,10 +244,10 @@ class RunningBatch:
             caches,
             first_n,
             lengths_n,
-            jnp.asarray(np.asarray([j.limit for j in joining] + [1] * pad, np.int32)),
+            limits_n,
             jnp.asarray(np.arange(n_pad) < n),
             keys_n,
-            jnp.asarray(np.asarray(free + [self.rows] * pad, np.int32)),
+            jnp.asarray(np.asarray(free + [self.rows] * (n_pad - n), np.int32)),
         )
         join, compile_j = self.engine.function(
             ("join", head, self.rows, n_pad),
