@@ -46,7 +46,8 @@ def say(msg: str) -> None:
 
 
 def public_op_checks(shapes, dtypes, interpret: bool, blocks) -> list[dict]:
-    """impl="pallas" against impl="xla" through vocabjax.unembed, one row per (op, shape)."""
+    """impl="pallas" against impl="xla" through vocabjax.unembed, one row per (op, shape): a
+    short block per op."""
     rows = []
     for dtype in dtypes:
         jdt = jnp.bfloat16 if dtype == "bf16" else jnp.float32
@@ -138,7 +139,8 @@ def _compare(name, got, ref, logit_at, dtype):
 
 
 def goals(run: at.Run, d_model: int) -> list[dict]:
-    """The issue's GPU goals from the autotune timings of one run."""
+    """The issue's GPU goals from the autotune timings of one run: one row per goal, each its
+    measured figure, its threshold and its verdict, hence the length."""
     prof, ceilings = run.profile, run.ceilings
     out = []
     for r_best in prof.best:
@@ -219,6 +221,9 @@ def goals(run: at.Run, d_model: int) -> list[dict]:
 
 
 def main(argv=None) -> int:
+    """The GPU check as one script, in the order it runs and prints: the device, the kernels' own
+    checks, the public ops, autotune's timings and the goals. Long because each step is a few
+    lines of calls and a table, read top to bottom as the run's log."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument(
         "--out", default="gpu_check_out", help="folder for gpu_check.{json,md}, profile.json"

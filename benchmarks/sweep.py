@@ -30,6 +30,8 @@ from vocabjax.xp import PyMath  # noqa: E402
 
 
 def main() -> None:
+    """Options, then each measured variant side by side in this process, then the table; one
+    script read top to bottom, hence its length."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--vocab-points", type=int, default=1000)
     ap.add_argument("--batch-points", type=int, default=100)

@@ -25,6 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main() -> None:
+    """Options, then each measured variant side by side in this process, then the table; one
+    script read top to bottom, hence its length."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", default="builtin", help="Corpus (default: builtin).")
     parser.add_argument("--max-bytes", default="8m", help="Text to train on (default 8m).")

@@ -57,6 +57,8 @@ def prepared_step(config: RunConfig, *, donate: bool = True) -> tuple[Callable[[
 
 
 def main(argv=None) -> int:
+    """Options, then each measured variant side by side in this process, then the table; one
+    script read top to bottom, hence its length."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model", default="paper-100m", help="builtin shape or JSON (paper-100m)")
     p.add_argument("--vocab", default="8k,262k", help="vocabulary sizes (default 8k,262k)")

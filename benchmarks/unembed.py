@@ -52,6 +52,8 @@ from vocabjax.units import parse_size_list  # noqa: E402
 
 
 def main(argv=None) -> int:
+    """Options, then every (op, shape, implementation) timed side by side in this process against
+    its baseline, then the tables; one script read top to bottom, hence its length."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--vocab", default="32k,131072", help="vocabulary sizes (default 32k,131072)")
     p.add_argument("--batch", default="1,4,16,64,256", help="batch sizes / CE token counts")

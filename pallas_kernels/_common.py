@@ -341,7 +341,8 @@ def decode_pallas_call(
     The kernel takes refs h (block_b, D_pad), w (w_block_rows, D), with seeds also seeds (2,)
     and inv_temperature (1,), then (block_b,) outputs max, argmax, lse (+ score, sample), and
     the keywords vocab, d_model, block_b, block_d, has_seeds and ``statics``. Returns the
-    partials by name, each (n_w_blocks, B_pad).
+    partials by name, each (n_w_blocks, B_pad). Long for its block specs: one per input and
+    output, each beside the shape it tiles.
     """
     check_hw(h_bd, w_vd)
     batch, d_model = h_bd.shape

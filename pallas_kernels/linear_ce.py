@@ -326,6 +326,8 @@ def _linear_ce_dw_kernel(
     Refs: h (N_pad, D_pad) whole, w (block_v, D) tile j, labels / lse / g_lse / g_target
     (N_pad,) whole; output dw (block_v, D) tile j of the (V, D) f32 gradient: rows past V and
     columns past D are never stored (masked), every other element is zeroed, then accumulated.
+    One kernel program, kept whole (as Triton and Pallas kernels are) so its loads, masks and
+    stores read in the order the device runs them.
     """
     n_chunks = cdiv(d_model, block_d)
     v0 = pl.program_id(0) * block_v

@@ -118,6 +118,8 @@ def _row(p, name):
 
 
 def write_doc(results, command: str, png: Path, md: Path) -> None:
+    """docs/compression.md: the settings, the tables and their reading. Long for its prose, kept
+    in one place so the document reads in order."""
     lines = [
         "# Compression against vocabulary size",
         "",
