@@ -35,7 +35,7 @@ import math
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -252,10 +252,12 @@ def estimate(study: Study, parts: dict[str, list[Job]]) -> float:
     )
 
 
-def run_seconds(work: Path) -> float:
-    """Wall seconds of every run of the study, over all its invocations."""
+def run_seconds(work: Path, keys: Iterable[str]) -> float:
+    """Wall seconds of the runs ``keys`` of the study, over all its invocations (a run
+    ``--work`` holds for another study's settings is not counted)."""
     path = work / "seconds.json"
-    return sum(json.loads(path.read_text()).values()) if path.is_file() else 0.0
+    seconds = json.loads(path.read_text()) if path.is_file() else {}
+    return sum(seconds.get(k, 0.0) for k in keys)
 
 
 # ---- the report -------------------------------------------------------------------------------
@@ -436,6 +438,7 @@ def report(a, parts, results, comp, seconds: float) -> tuple[str, dict[str, Any]
         "heads": heads,
         "parameter_saving": saving,
         "throughput": speeds,
+        "claims": claims,  # docs/quality.md's claim table, row by row (paper_claims.py reads it)
         "compression": comp,
         "runs": results,
     }
@@ -496,7 +499,7 @@ def report_body(a, parts, results, comp, seconds, claims, table, heads, saving) 
     n = len(a.seeds)
     scale0, spec_last = name(a.scales[0]), a.corpora[-1]
     body = [
-        f"Study time: {run_seconds(a.work) / 60:.1f} min of training runs in all "
+        f"Study time: {run_seconds(a.work, results) / 60:.1f} min of training runs in all "
         f"({len(results)} runs, over every invocation; this one took {seconds / 60:.1f} min). "
         "Every run: "
         f"batch {a.batch} x seq-len {a.seq_len} per head, lr {a.lr}, {n} seeds "

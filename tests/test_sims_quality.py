@@ -54,6 +54,8 @@ def test_the_study_runs_small_and_resumes(tmp_path, monkeypatch, capsys):
         assert any(word in row for word in ("agrees", "disagrees", "inconclusive")), row
     data = json.loads((tmp_path / "q.json").read_text())
     assert data["kind"] == "quality_study" and len(data["pruned_pct"]) == 2
+    # the claim table paper_claims.py reads is the doc's own
+    assert len(data["claims"]) >= 7 and all(row in body for row in data["claims"])
     assert {r["vocab"] for r in data["bpb"]} == {300, 400}
     assert (
         tmp_path / "work" / "micro-builtin-v400-to-v300-s1" / "tokenizer" / "id_map.json"
