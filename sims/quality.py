@@ -292,6 +292,7 @@ def bpb_table(a, parts, results) -> tuple[list[str], list[dict[str, Any]]]:
                         lo=lo,
                         hi=hi,
                         tokens_per_s=tps,
+                        tokens_per_s_seeds=[p["tokens_per_s"] for p in points],
                         seeds=[p["bpb"] for p in points],
                     )
                 )
@@ -357,17 +358,23 @@ def parameter_saving(a) -> dict[str, float]:
     return {"nested": 1 - nested / alone, "separate": 1 - separate / alone}
 
 
+REPEATABLE = 1.25  # seeds of one V within this ratio of tokens/s: the machine was quiet enough
+
+
 def throughput_rows(a, rows) -> list[dict[str, Any]]:
     out = []
     for scale in a.scales:
         for spec in a.corpora:
-            sel = {
-                r["vocab"]: r["tokens_per_s"]
-                for r in rows
-                if (r["scale"], r["corpus"]) == (scale, spec)
-            }
+            sel = {r["vocab"]: r for r in rows if (r["scale"], r["corpus"]) == (scale, spec)}
             lo, hi = min(sel), max(sel)
-            out.append(dict(scale=scale, corpus=spec, lo=lo, hi=hi, ratio=sel[lo] / sel[hi]))
+            # how far the seeds of one V disagree on tokens/s: a machine loaded by other work
+            # shows here, and a ratio between two V is no better than this
+            repeat = max(
+                max(sel[v]["tokens_per_s_seeds"]) / min(sel[v]["tokens_per_s_seeds"])
+                for v in (lo, hi)
+            )
+            ratio = sel[lo]["tokens_per_s"] / sel[hi]["tokens_per_s"]
+            out.append(dict(scale=scale, corpus=spec, lo=lo, hi=hi, ratio=ratio, repeat=repeat))
     return out
 
 
@@ -472,11 +479,12 @@ def claim_rows(a, spreads, pruned, heads, saving, speeds, comp) -> list[str]:
             f"{lo:+.2f} to {hi:+.2f}% | {verdict(ok, 'agrees if the interval lies within +-2% of a separate model, disagrees if outside')} |"
         )
     for s in speeds:
-        ok = abs(s["ratio"] / 2.4 - 1) <= 0.15
+        ok = abs(s["ratio"] / 2.4 - 1) <= 0.15 if s["repeat"] <= REPEATABLE else None
         claims.append(
             f"| (4) training throughput falls 2.4x over a 32x V span, {name(s['scale'])} | "
-            f"{s['ratio']:.2f}x ({s['lo']} -> {s['hi']}) | median over seeds | "
-            f"{verdict(ok, 'within 15% of 2.4; the head is a larger share of a small model')} |"
+            f"{s['ratio']:.2f}x ({s['lo']} -> {s['hi']}) | median over seeds; seeds of one V "
+            f"differ up to {s['repeat']:.2f}x | "
+            f"{verdict(ok, f'within 15% of 2.4 when the seeds of each end V agree within {REPEATABLE:g}x (a quiet machine); the head is a larger share of a small model')} |"
         )
     points = {p["tokenizer"]: p for p in comp["points"]}
     levels = comp["reached"]
