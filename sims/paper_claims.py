@@ -341,7 +341,7 @@ def claim_quality() -> str:
             f"{paper_scale} `python sims/quality.py` trains the trend at this machine's scale "
             "(about an hour on two cores); it has not been run in this checkout."
         )
-    data = load_json(QUALITY, "quality study")
+    data = load_json(QUALITY, "quality_study")
     st = data["settings"]
     rows = data["claims"]
     return "\n".join(
@@ -349,7 +349,7 @@ def claim_quality() -> str:
             f"{paper_scale} What was trained instead: `{data['command']}` "
             f"([quality.md](quality.md)): shapes {', '.join(map(str, st['scales']))} on "
             f"{', '.join(st['corpora'])}, V {min(st['vocab']):,}-{max(st['vocab']):,}, "
-            f"{st['seeds']} seeds, every run on the same bytes of text. The verdicts are the "
+            f"{len(st['seeds'])} seeds, every run on the same bytes of text. The verdicts are the "
             "study's own, each by the rule it states; a trend at this scale is evidence about "
             "the paper's claim, not a reproduction of it.",
             "",
