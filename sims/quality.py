@@ -384,10 +384,19 @@ def compression(a, work: Path) -> dict[str, Any]:
     from vocabjax.vocab import LoadedTokenizer, load_tokenizer, measure, train_nested
     from vocabjax.vocab.bpe import from_json
 
+    spec = a.corpora[-1]
+    # kept in --work for the settings it was measured with; other settings measure again
+    key = {
+        "corpus": spec,
+        "bytes": a.compression_bytes,
+        "vocab": list(a.compression_vocab),
+        "tokenizers": [str(t) for t in a.tokenizer],
+    }
     path = work / "compression.json"
     if path.is_file():
-        return json.loads(path.read_text())
-    spec = a.corpora[-1]
+        kept = json.loads(path.read_text())
+        if kept.get("key") == key:
+            return kept
     corpus = open_corpus(spec, max_bytes=a.compression_bytes)
     say(f"compression: nested levels {a.compression_vocab} on {corpus.describe('train')}")
     nested = train_nested(corpus.texts("train"), a.compression_vocab, stop_short=True)
@@ -399,6 +408,7 @@ def compression(a, work: Path) -> dict[str, Any]:
     tokenizers += [load_tokenizer(p) for p in found]
     points = measure(tokenizers, list(corpus.texts("heldout")))
     out = {
+        "key": key,
         "corpus": corpus.describe("heldout"),
         "reached": list(nested.vocab_sizes),
         "points": [p.to_json() for p in points],
@@ -481,7 +491,8 @@ def claim_rows(a, spreads, pruned, heads, saving, speeds, comp) -> list[str]:
     for s in speeds:
         ok = abs(s["ratio"] / 2.4 - 1) <= 0.15 if s["repeat"] <= REPEATABLE else None
         claims.append(
-            f"| (4) training throughput falls 2.4x over a 32x V span, {name(s['scale'])} | "
+            f"| (4) training throughput falls 2.4x over a 32x V span, {name(s['scale'])} on "
+            f"{s['corpus']} | "
             f"{s['ratio']:.2f}x ({s['lo']} -> {s['hi']}) | median over seeds; seeds of one V "
             f"differ up to {s['repeat']:.2f}x | "
             f"{verdict(ok, f'within 15% of 2.4 when the seeds of each end V agree within {REPEATABLE:g}x (a quiet machine); the head is a larger share of a small model')} |"
