@@ -1393,6 +1393,7 @@ def _batching_line(result) -> str:
     from vocabjax.serving.admission import human_bytes
 
     mixed = f"; {s['mixed_steps']:,} decode steps with heads mixed" if s["mixed_steps"] else ""
+    mixed += f"; {s['merges']} group merge(s)" if s["merges"] else ""
     return line + (
         f"; KV cache peak {human_bytes(s['kv_peak_bytes'] or 0)} of "
         f"{human_bytes(result.memory.kv_budget)}; {s['memory_waits']} request(s) waited for memory"

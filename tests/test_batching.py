@@ -118,3 +118,39 @@ def test_decode_some_stops_at_k_steps_or_when_a_row_stops():
         params, caches, first_b, lengths_b, limits_b, jnp.asarray([True] * 3), rng
     )
     np.testing.assert_array_equal(rest.out_bs, whole.out_bs)  # the loop, cut in three
+
+
+@pytest.mark.slow
+def test_two_batches_merged_give_each_request_its_solo_tokens(engine):
+    """A batch at 500 absorbs one at 300 mid-generation: one mixed group, every request's
+    tokens its own head's, alone."""
+    sampling = Sampling(temperature=1.0)
+    at = {0: HEAD, 1: HEAD, 4: 300}
+    ids = {i: engine.encode([PROMPTS[i]], head)[0] for i, head in at.items()}
+
+    def joining(i: int) -> list[Joining]:
+        return [Joining(i, ids[i], LIMITS[i], solo_key(100 + i))]
+
+    a = RunningBatch(engine, HEAD, sampling, max_rows=4)
+    b = RunningBatch(engine, 300, sampling, max_rows=4)
+    got: dict[int, tuple[int, ...]] = {}
+
+    def keep(done, calls):
+        got.update({f.tag: f.tokens for f in done})
+
+    keep(*a.join(joining(0) + joining(1))[1:])
+    keep(*a.advance(2))
+    keep(*b.join(joining(4))[1:])
+    keep(*b.advance(1))
+    assert (a.live, b.live) == (2, 1)
+    with pytest.raises(ValueError, match="max_rows cannot merge"):
+        RunningBatch(engine, HEAD, sampling, max_rows=1).absorb(b)
+    call = a.absorb(b)
+    assert call.kind == "merge" and call.rows == 4 and call.running == 3 and call.mixed
+    assert a.mix == {HEAD: 2, 300: 1} and (b.live, b.rows) == (0, 0)
+    while a.live:
+        keep(*a.advance(3))
+    for i, head in at.items():
+        alone = Sampling(sampling.temperature, seed=100 + i)
+        want = engine.generate([PROMPTS[i]], head=head, max_new_tokens=LIMITS[i], sampling=alone)
+        assert got[i] == want.completions[0].tokens, f"request {i} at head {head}"

@@ -218,6 +218,31 @@ def test_mixing_is_chosen_where_the_cost_model_prices_it_cheaper():
     assert place.group in (0, 1) and (place.group == 1) == (not place.mixed)
 
 
+def test_drained_groups_merge_where_one_step_is_priced_cheaper():
+    p = pricer(8)
+    # two half-empty groups at one head: one step of 8 rows against two of 4 and 2
+    merge = p.merge([Group({4096: 3}, 4), Group({4096: 2}, 2)])
+    assert merge is not None and (merge.into, merge.other) == (0, 1)
+    assert merge.seconds == p.step_seconds(4096, 8)
+    assert merge.apart == p.step_seconds(4096, 4) + p.step_seconds(4096, 2) > merge.seconds
+    assert merge.reason.startswith("groups of 3 and 2 rows at heads 4096 merge into one of 8 ")
+    # the smaller absorbed by the larger; the pair that saves most of three
+    three = [Group({4096: 1}, 1), Group({4096: 6}, 8), Group({4096: 1}, 1)]
+    merge = p.merge(three)
+    assert merge is not None and merge.into == 1 and merge.other in (0, 2)
+    assert p.merge([Group({4096: 5}, 8), Group({4096: 4}, 4)]) is None  # 9 rows do not fit
+    assert p.merge([Group({4096: 5}, 8)]) is None
+    # rows at two heads merge only where they may mix
+    two_heads = [Group({1024: 3}, 4), Group({4096: 2}, 2)]
+    assert p.merge(two_heads, mixing="separate") is None
+    assert p.merge(two_heads) is not None
+    refused = pricer(8, cannot_mix="the run's heads are separate matrices, with no shared prefix")
+    assert refused.merge(two_heads) is None
+    # a merge that would cost more than the two apart is not made
+    big = pricer(256)
+    assert big.merge([Group({1024: 128}, 128), Group({2**20: 1}, 1)]) is None
+
+
 def test_mixing_refused_says_why():
     p = pricer(8, cannot_mix="the run's heads are separate matrices, with no shared prefix")
     place = p.place([Group({1024: 1}, 1)], head=4096, joining=1, mixing="mixed")

@@ -84,7 +84,7 @@ class Finished:
     stop: Stop
 
 
-CallKind = Literal["join", "steps", "regroup"]
+CallKind = Literal["join", "steps", "regroup", "merge"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,6 +307,43 @@ class RunningBatch:
             if row is not None
         }
 
+    def absorb(self, other: RunningBatch) -> Call:
+        """Move ``other``'s held requests into this batch, leaving ``other`` empty: two groups
+        merged into one bucket that holds both (this batch's rows first), their carries
+        gathered on the device, nothing recomputed. ``mixing.Pricer.merge`` says when."""
+        if other is self or other.engine is not self.engine:
+            raise ValueError("a batch absorbs another batch of the same engine")
+        if (other.sampling, other.score, other.max_rows) != (
+            self.sampling,
+            self.score,
+            self.max_rows,
+        ):
+            raise ValueError("batches of different sampling, scoring or max_rows cannot merge")
+        if self._state is None or other._state is None:
+            raise ValueError("an empty batch has nothing to merge")
+        if self.live + other.live > self.max_rows:
+            raise ValueError(f"{self.live} + {other.live} requests exceed {self.max_rows} rows")
+        started = time.perf_counter()
+        mine = [r for r, row in enumerate(self._rows) if row is not None]
+        theirs = [r for r, row in enumerate(other._rows) if row is not None]
+        rows = pow2_rows(len(mine) + len(theirs), self.max_rows)
+        held = mine + [self.rows + r for r in theirs]
+        index_r = jnp.asarray(np.asarray(held + [0] * (rows - len(held)), np.int32))
+        real_r = jnp.asarray(np.arange(rows) < len(held))
+        args = (self._state, self._keys_b, other._state, other._keys_b, index_r, real_r)
+        key = ("merge", self.rows, other.rows, rows)
+        merge, compiled = self.engine.function(key, _merged, args)
+        self._state, self._keys_b = jax.block_until_ready(merge(*args))
+        running = len(held)
+        self._rows = (
+            [self._rows[r] for r in mine]
+            + [other._rows[r] for r in theirs]
+            + [None] * (rows - len(held))
+        )
+        other._state, other._keys_b, other._rows = None, None, []
+        seconds = time.perf_counter() - started - compiled
+        return Call("merge", self.vocab, rows, running, seconds, compiled, mixed=self.mixed)
+
     def cancel(self, tag: Any) -> bool:
         """Stop the request ``tag`` (its client left): its row is free and runs no more.
         False when the batch does not hold it."""
@@ -391,6 +428,27 @@ def _regrouped(
     state: decode.Decoding, keys_b: jax.Array, index_r: jax.Array, real_r: jax.Array
 ) -> tuple[decode.Decoding, jax.Array]:
     return decode.take_rows(state, index_r, real_r), jnp.take(keys_b, index_r, axis=0)
+
+
+def _merged(
+    state: decode.Decoding,
+    keys_b: jax.Array,
+    other: decode.Decoding,
+    other_keys_b: jax.Array,
+    index_r: jax.Array,
+    real_r: jax.Array,
+) -> tuple[decode.Decoding, jax.Array]:
+    """The rows of ``state`` then ``other`` (its steps and tokens counters ``state``'s), taken
+    by ``index_r`` into one carry."""
+
+    def cat(x, y):
+        return jnp.concatenate([x, y])
+
+    both = state._replace(
+        **{f: jax.tree.map(cat, getattr(state, f), getattr(other, f)) for f in decode.ROW_FIELDS}
+    )
+    keys = jnp.concatenate([keys_b, other_keys_b])
+    return decode.take_rows(both, index_r, real_r), jnp.take(keys, index_r, axis=0)
 
 
 def _empty(config: decode.DecodeConfig, params, *, rows: int) -> tuple[decode.Decoding, jax.Array]:

@@ -18,7 +18,9 @@ Each round, at the clock's ``now``:
 3. decoding: every group with running requests runs ``RunningBatch.advance(k)`` (its on-device
    loop), which ends early when a request stops. k runs to the step at which a request stops
    when requests are waiting (a stop frees a row and its memory), else to about the next
-   arrival (the time left over the last measured seconds per step, at least 1).
+   arrival (the time left over the last measured seconds per step, at least 1). Then groups
+   whose requests now fit one group merge where the cost model prices one step of the merged
+   group below the two apart (``mixing.Placer.consolidate``).
 
 Every device call advances the clock by its measured wall time, compiling a new shape and its
 warm-up call left out (reported as ``compile_s``), as in static batching. A request's start is
@@ -196,31 +198,36 @@ class Continuous:
         """Every group with running requests runs its on-device loop for k steps at most."""
         k = self._steps()
         for batch in [b for b in self.groups if b.live]:
-            held, kv = len(self.held), self.kv_bytes
             finished, calls = batch.advance(k)
-            for c in calls:
-                self.record.chunks.append(
-                    ServedChunk(
-                        index=len(self.record.chunks),
-                        kind="regroup" if c.kind == "regroup" else "steps",
-                        start_s=self.now,
-                        service_s=c.seconds,
-                        compile_s=c.compile_s,
-                        head=c.head,
-                        rows=c.rows,
-                        running=c.running,
-                        steps=c.steps,
-                        new_tokens=c.tokens,
-                        held=held,
-                        kv_bytes=kv,
-                        mixed=c.mixed,
-                    )
-                )
-                if c.steps:
-                    self.per_step[(c.head, c.rows, c.mixed)] = c.seconds / c.steps
-                self._charge([c])
+            self._chunks(calls)
             self._finish(finished)
         self.groups = [b for b in self.groups if b.live]  # an emptied group is dropped
+        self._chunks(self.placer.consolidate(self.groups))  # drained groups that run cheaper as one
+
+    def _chunks(self, calls: Sequence[Call]) -> None:
+        """Record and charge the device calls of running groups between admissions."""
+        held, kv = len(self.held), self.kv_bytes
+        for c in calls:
+            self.record.chunks.append(
+                ServedChunk(
+                    index=len(self.record.chunks),
+                    kind=c.kind,
+                    start_s=self.now,
+                    service_s=c.seconds,
+                    compile_s=c.compile_s,
+                    head=c.head,
+                    rows=c.rows,
+                    running=c.running,
+                    steps=c.steps,
+                    new_tokens=c.tokens,
+                    held=held,
+                    kv_bytes=kv,
+                    mixed=c.mixed,
+                )
+            )
+            if c.steps:
+                self.per_step[(c.head, c.rows, c.mixed)] = c.seconds / c.steps
+            self._charge([c])
 
     def _steps(self) -> int:
         """Decode steps before the host looks again: to the next stop while requests wait,

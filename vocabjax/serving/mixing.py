@@ -1,6 +1,7 @@
 """Mixed heads: the requests of an admission join a running group whose rows are at other
 nested heads, sharing one decode step, or run in a group of their own head, whichever the cost
-model says is cheaper for the mix.
+model says is cheaper for the mix; and running groups that drained merge into one when that is
+cheaper.
 
     pricer = Pricer.of(engine, device, max_rows=32, sampling=Sampling())
     place = pricer.place([Group({1024: 5}, rows=8), Group({4096: 2}, rows=2)], head=1024,
@@ -35,7 +36,7 @@ from vocabjax import unembed
 from vocabjax.costmodel import CostModel, Settings
 from vocabjax.hardware import DEFAULT_DEVICE, DeviceProfile, load_device
 from vocabjax.progress import Progress
-from vocabjax.serving.batching import RunningBatch, pow2_rows
+from vocabjax.serving.batching import Call, RunningBatch, pow2_rows
 from vocabjax.serving.decode import Sampling
 from vocabjax.serving.engine import Engine
 from vocabjax.xp import PyMath
@@ -61,6 +62,17 @@ class Group:
         mix = dict(self.mix)
         mix[head] = mix.get(head, 0) + n
         return Group(mix, max(self.rows, pow2_rows(self.live + n, max_rows)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Merge:
+    """Two running groups that run cheaper as one."""
+
+    into: int  # the group that absorbs the other (an index into the groups given)
+    other: int
+    seconds: float  # predicted seconds of one decode step of the merged group
+    apart: float  # the same for the two groups apart
+    reason: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,6 +213,41 @@ class Pricer:
             choice=len(kinds) > 1 or bool(refused),
         )
 
+    def merge(self, groups: Sequence[Group], *, mixing: Mixing = "auto") -> Merge | None:
+        """The two running groups to merge into one, or None: among the pairs whose requests fit
+        one group's rows and may share a step (rows at different heads only when mixing is
+        allowed, ``mask_refused``), the one whose merged decode step saves the most against the
+        two apart, when it saves anything. A placement looks one step ahead, so a burst can
+        leave one head's traffic in two groups that each run half empty; merging them when they
+        drain is what keeps their steps few. The larger group absorbs the smaller."""
+        best: Merge | None = None
+        for i, a in enumerate(groups):
+            for j in range(i + 1, len(groups)):
+                b = groups[j]
+                if not a.live or not b.live or a.live + b.live > self.max_rows:
+                    continue
+                into, other = (i, j) if a.live >= b.live else (j, i)
+                merged = groups[into]
+                for v, n in groups[other].mix.items():
+                    merged = merged.joined(v, n, self.max_rows)
+                merged = Group(merged.mix, pow2_rows(merged.live, self.max_rows))
+                if len([v for v, n in merged.mix.items() if n > 0]) > 1 and (
+                    mixing == "separate" or self.mask_refused(merged) is not None
+                ):
+                    continue
+                seconds = self.group_seconds(merged)
+                apart = self.group_seconds(a) + self.group_seconds(b)
+                saves = apart - seconds
+                if saves > 0 and (best is None or saves > best.apart - best.seconds):
+                    heads = "+".join(str(v) for v in sorted(merged.mix))
+                    reason = (
+                        f"groups of {a.live} and {b.live} rows at heads {heads} merge into one of "
+                        f"{merged.rows} rows: {_ms(seconds)} per step predicted on "
+                        f"{self.device.name}, against {_ms(apart)} apart"
+                    )
+                    best = Merge(into, other, seconds, apart, reason)
+        return best
+
     def _reason(
         self,
         groups: Sequence[Group],
@@ -246,6 +293,7 @@ class Placer:
     def __init__(self, pricer: Pricer, mixing: Mixing, log: Progress) -> None:
         self.pricer, self.mixing, self.log = pricer, mixing, log
         self._said: dict[frozenset[int], bool] = {}  # the heads of a choice -> mixed, as logged
+        self._merged: set[frozenset[int]] = set()  # the heads of merges logged
 
     def __call__(
         self,
@@ -271,6 +319,23 @@ class Placer:
                 self._said[heads] = place.mixed
                 self.log(f"  {place.reason}")
         return place, batch
+
+    def consolidate(self, groups: list[RunningBatch]) -> list[Call]:
+        """Merge running groups while the pricer says a pair runs cheaper as one
+        (``Pricer.merge``); the absorbed groups leave ``groups``. The merges' device calls."""
+        calls = []
+        while True:
+            live = [b for b in groups if b.live]
+            merge = self.pricer.merge([Group(b.mix, b.rows) for b in live], mixing=self.mixing)
+            if merge is None:
+                return calls
+            into, other = live[merge.into], live[merge.other]
+            calls.append(into.absorb(other))
+            groups.remove(other)
+            heads = frozenset(into.mix)
+            if heads not in self._merged:
+                self._merged.add(heads)
+                self.log(f"  {merge.reason}")
 
 
 def _ms(seconds: float | None) -> str:

@@ -192,10 +192,11 @@ class ServedBatch:
 
 @dataclasses.dataclass(frozen=True)
 class ServedChunk:
-    """A device call of a running batch between admissions: decode steps, or a regroup."""
+    """A device call of a running batch between admissions: decode steps, a regroup into
+    another bucket, or a merge of two groups into one."""
 
     index: int
-    kind: Literal["steps", "regroup"]
+    kind: Literal["steps", "regroup", "merge"]
     start_s: float
     service_s: float  # measured wall time, compiling left out
     compile_s: float
@@ -295,6 +296,8 @@ class ServeResult:
             "memory_waits": self.memory_waits,
             "kv_peak_bytes": max(held + [c.kv_bytes for c in chunks], default=None),
             "mixed_steps": sum(c.steps for c in chunks if c.mixed),  # rows at several heads
+            "decode_steps": steps,  # continuous: every group's decode steps (0 for static)
+            "merges": sum(c.kind == "merge" for c in chunks),  # groups merged into one
             "mean_prompt_bpb": _round(_mean([r.prompt_bpb for r in reqs]), 4),
             "router_switches": sum(s.by == "router" for s in self.switches),
             "controller_moves": sum(s.by == "controller" for s in self.switches),
