@@ -199,6 +199,10 @@ def test_the_committed_gpu_tables_are_what_the_fit_gives(monkeypatch):
     spec = importlib.util.spec_from_file_location("calibrate_gpu", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
+    # The fit is float32 Adam: another host's kernels (or XLA's optimisation level) round
+    # differently and move the fit's flattest directions by about 1% (0.99% measured at
+    # --xla_backend_optimization_level=0), while its residual spread agrees to 1e-5. So the
+    # parameters are held to 3% (a hand edit still shows) and the fit's quality to 1e-3.
     for name, file in script.FILES.items():
         samples, source = script.read(path.parent / "data" / file)
         fit = fit_profile(load_device(f"{name}-datasheet"), samples, dtype="bf16", source=source)
@@ -208,10 +212,12 @@ def test_the_committed_gpu_tables_are_what_the_fit_gives(monkeypatch):
             table = getattr(fit.profile, field)
             assert (table is None) == (key not in efficiency), key
             if table is not None:
-                np.testing.assert_allclose(table.to_json(), efficiency[key], rtol=1e-3)
+                np.testing.assert_allclose(table.to_json(), efficiency[key], rtol=0.03)
         for kind in OP_KINDS:
-            assert fit.profile.kind_efficiency(kind) == pytest.approx(efficiency[kind], rel=1e-3)
-        assert fit.profile.overlap == pytest.approx(efficiency["overlap"], rel=1e-3)
+            assert fit.profile.kind_efficiency(kind) == pytest.approx(efficiency[kind], rel=0.03)
+        assert fit.profile.overlap == pytest.approx(efficiency["overlap"], rel=0.03)
         assert fit.profile.launch_overhead_s == pytest.approx(
-            committed["launch_overhead_s"], rel=1e-3
+            committed["launch_overhead_s"], rel=0.03
         )
+        recorded = committed["calibration"]["log_residual_sd"]
+        assert fit.log_residual_sd == pytest.approx(recorded, rel=1e-3)
