@@ -1,8 +1,8 @@
 """The paper's quality claims at the scale two CPU cores allow: docs/quality.md, docs/quality.png
 and the data behind them (sims/data/quality.json).
 
-    python sims/quality.py --plan     # the runs and how long they should take; runs nothing
-    python sims/quality.py            # the study: about an hour on two idle CPU cores
+    python sims/quality.py --plan     # the runs and how long what is left takes; runs nothing
+    python sims/quality.py            # the study (tiny alone: 24 min on two CPU cores)
 
 Every figure comes from training runs (``vocabjax.train.train``) kept in ``--work``, one
 directory per run. A run whose training.json exists is read, not run again; a run stopped midway
@@ -208,7 +208,14 @@ class Study:
                 )
                 resume = False
             train(config, out, resume=resume, timing_repeats=3)
-        return json.loads(profile.read_text())
+        result = json.loads(profile.read_text())
+        if result.get("steps") != job.steps:
+            raise UserError(
+                f"{out} was trained for {result.get('steps')} steps, and this study's settings "
+                f"give it {job.steps} (other --train-bytes, --batch or --seq-len): give another "
+                "--work, or delete that run"
+            )
+        return result
 
 
 def run_all(study: Study, parts: dict[str, list[Job]]) -> dict[str, dict[str, Any]]:
@@ -219,7 +226,7 @@ def run_all(study: Study, parts: dict[str, list[Job]]) -> dict[str, dict[str, An
     seconds_path = study.work / "seconds.json"
     seconds = json.loads(seconds_path.read_text()) if seconds_path.is_file() else {}
     jobs = [j for part in parts.values() for j in part]
-    todo = {j.key: j.flops(a.batch, a.seq_len) / ASSUMED_FLOPS + OVERHEAD_S for j in jobs}
+    todo = {j.key: guess(j, a) for j in jobs}
     todo = {k: t for k, t in todo.items() if not (study.work / k / "training.json").is_file()}
     left, spent, guessed = sum(todo.values()), 0.0, 0.0
     results = {}
@@ -241,15 +248,44 @@ def run_all(study: Study, parts: dict[str, list[Job]]) -> dict[str, dict[str, An
     return results
 
 
-def estimate(study: Study, parts: dict[str, list[Job]]) -> float:
-    """Seconds the runs not yet done should take at the assumed rate."""
+def guess(job: Job, args) -> float:
+    """A run's seconds at the assumed rate (``ASSUMED_FLOPS``, ``OVERHEAD_S``)."""
+    return job.flops(args.batch, args.seq_len) / ASSUMED_FLOPS + OVERHEAD_S
+
+
+def estimate(study: Study, parts: dict[str, list[Job]]) -> tuple[float, str]:
+    """Seconds the runs not yet done should take, and how that was reckoned: the assumed rate,
+    corrected per scale by the runs of that scale already trained in ``--work`` (their wall
+    seconds in seconds.json over what the assumed rate gave them; a scale with none takes
+    the correction of every run trained, or none)."""
     a = study.args
-    return sum(
-        j.flops(a.batch, a.seq_len) / ASSUMED_FLOPS + OVERHEAD_S
-        for part in parts.values()
-        for j in part
-        if not (study.work / j.key / "training.json").is_file()
-    )
+    path = study.work / "seconds.json"
+    seconds = json.loads(path.read_text()) if path.is_file() else {}
+    jobs = [j for part in parts.values() for j in part]
+    done = [
+        j for j in jobs if j.key in seconds and (study.work / j.key / "training.json").is_file()
+    ]
+    todo = [j for j in jobs if not (study.work / j.key / "training.json").is_file()]
+
+    def factor(runs: list[Job]) -> float | None:
+        guessed = sum(guess(j, a) for j in runs)
+        return sum(seconds[j.key] for j in runs) / guessed if runs else None
+
+    overall = factor(done) or 1.0
+    scales = {j.scale for j in todo}
+    per_scale = {s: factor([j for j in done if j.scale == s]) or overall for s in scales}
+    left = sum(guess(j, a) * per_scale[j.scale] for j in todo)
+    if not todo:
+        how = "every run is trained"
+    elif not done:
+        how = f"at {ASSUMED_FLOPS / 1e9:.0f} GFLOP/s and {OVERHEAD_S:.0f} s a run"
+    else:
+        rates = ", ".join(f"{name(s)} x{per_scale[s]:.2f}" for s in sorted(scales))
+        how = (
+            f"at {ASSUMED_FLOPS / 1e9:.0f} GFLOP/s and {OVERHEAD_S:.0f} s a run, scaled by the "
+            f"wall time of the {len(done)} runs trained here ({rates})"
+        )
+    return left, how
 
 
 def run_seconds(work: Path, keys: Iterable[str]) -> float:
@@ -679,13 +715,11 @@ def main(argv: Sequence[str] | None = None, *, doc_writer: Callable = write_doc)
     a.work.mkdir(parents=True, exist_ok=True)
     try:
         parts = study.jobs()
-        left = estimate(study, parts)
+        left, how = estimate(study, parts)
         n_jobs = sum(len(p) for p in parts.values())
         say(
             f"{n_jobs} runs ({', '.join(f'{k}: {len(v)}' for k, v in parts.items())}) in {a.work}; "
-            f"about {left / 60:.0f} min left on two idle CPU cores "
-            f"(at {ASSUMED_FLOPS / 1e9:.0f} GFLOP/s and {OVERHEAD_S:.0f} s a run; a busy machine "
-            "takes longer)"
+            f"about {left / 60:.0f} min left ({how}; a busy machine takes longer)"
         )
         if a.plan:
             for part, jobs in parts.items():

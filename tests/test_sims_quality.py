@@ -65,3 +65,45 @@ def test_the_study_runs_small_and_resumes(tmp_path, monkeypatch, capsys):
     assert quality.main(args, doc_writer=keep) == 0
     again = capsys.readouterr().err
     assert again.count(" steps read;") == 12 and "trained in" not in again
+    # Other settings over the same --work: an error, not runs of two studies mixed.
+    other = [x if x != "2k" else "3k" for x in args]
+    assert quality.main(other, doc_writer=keep) != 0
+    err = capsys.readouterr().err
+    assert "was trained for" in err and "give another --work" in err
+
+
+def test_the_time_left_is_scaled_by_the_runs_already_trained(tmp_path, monkeypatch):
+    import types
+
+    quality = load_study(monkeypatch)
+    args = types.SimpleNamespace(batch=8, seq_len=64)
+    study = types.SimpleNamespace(args=args, work=tmp_path)
+
+    def job(key: str, scale: str):
+        return quality.Job(key, scale, "builtin", (512,), 0, 100)
+
+    tiny = [job("t0", "tiny"), job("t1", "tiny")]
+    small = [job("s0", "small"), job("s1", "small"), job("s2", "small")]
+    parts = {"bpb": tiny + small}
+    left, how = quality.estimate(study, parts)
+    assert left == pytest.approx(sum(quality.guess(j, args) for j in tiny + small))
+    assert how.startswith("at 100 GFLOP/s")
+
+    def trained(j, seconds: float) -> None:
+        (tmp_path / j.key).mkdir()
+        (tmp_path / j.key / "training.json").write_text("{}")
+        times = json.loads((tmp_path / "seconds.json").read_text()) if j.key != "t0" else {}
+        times[j.key] = seconds
+        (tmp_path / "seconds.json").write_text(json.dumps(times))
+
+    trained(tiny[0], 3 * quality.guess(tiny[0], args))  # tiny ran 3x slower than assumed
+    left, how = quality.estimate(study, parts)
+    assert left == pytest.approx(3 * sum(quality.guess(j, args) for j in tiny[1:] + small))
+    trained(small[0], 2 * quality.guess(small[0], args))  # small 2x: its own scale's figure
+    left, how = quality.estimate(study, parts)
+    want = 3 * quality.guess(tiny[1], args) + 2 * sum(quality.guess(j, args) for j in small[1:])
+    assert left == pytest.approx(want)
+    assert "the 2 runs trained here (small x2.00, tiny x3.00)" in how
+    for j, t in ((tiny[1], 1.0), (small[1], 1.0), (small[2], 1.0)):
+        trained(j, t)
+    assert quality.estimate(study, parts) == (0.0, "every run is trained")
