@@ -20,7 +20,7 @@ from vocabjax.models import GPT, GPTConfig
 from vocabjax.serving import Engine, Request, Sampling, ServeConfig, serve
 from vocabjax.serving import decode as dec
 from vocabjax.serving.batching import Joining, RunningBatch, solo_key
-from vocabjax.serving.mixing import Group, Pricer
+from vocabjax.serving.mixing import Group, Placer, Pricer
 from vocabjax.shapes import load_shape
 from vocabjax.train import Functional
 
@@ -241,6 +241,33 @@ def test_drained_groups_merge_where_one_step_is_priced_cheaper():
     # a merge that would cost more than the two apart is not made
     big = pricer(256)
     assert big.merge([Group({1024: 128}, 128), Group({2**20: 1}, 1)]) is None
+
+
+@pytest.mark.slow
+def test_consolidate_merges_two_running_groups_and_says_so(engine):
+    def groups(*which: int) -> list[RunningBatch]:
+        out = []
+        for i in which:  # each request in a group of its own, at its head
+            batch = RunningBatch(engine, AT[i], max_rows=4)
+            batch.join([Joining(i, engine.encode([PROMPTS[i]], AT[i])[0], LIMITS[i], solo_key(i))])
+            out.append(batch)
+        return out
+
+    lines: list[str] = []
+    running = groups(0, 1)  # 300 and 500
+    calls = Placer(pricer(4), "auto", lines.append).consolidate(running)
+    assert [(c.kind, c.rows, c.running, c.mixed) for c in calls] == [("merge", 2, 2, True)]
+    assert len(running) == 1 and running[0].mix == {300: 1, 500: 1}
+    assert len(lines) == 1 and lines[0].startswith(
+        "  groups of 1 and 1 rows at heads 300+500 merge into one of 2 rows: "
+    )
+    assert Placer(pricer(4), "auto", lines.append).consolidate(running) == []  # one group left
+    apart = groups(0, 1)
+    assert Placer(pricer(4), "separate", lines.append).consolidate(apart) == []
+    assert len(apart) == 2 and len(lines) == 1
+    same = groups(0, 2)  # both at 300: no mixing needed
+    calls = Placer(pricer(4), "separate", lines.append).consolidate(same)
+    assert [(c.kind, c.mixed) for c in calls] == [("merge", False)] and same[0].mix == {300: 2}
 
 
 def test_mixing_refused_says_why():
