@@ -223,11 +223,10 @@ def run_all(study: Study, parts: dict[str, list[Job]]) -> dict[str, dict[str, An
     assumed rate corrected by the pace of the runs trained so far). Each run's wall seconds are
     kept in ``--work``/seconds.json."""
     a = study.args
-    seconds_path = study.work / "seconds.json"
-    seconds = json.loads(seconds_path.read_text()) if seconds_path.is_file() else {}
+    seconds_path = study.work / SECONDS
+    seconds = recorded_seconds(study.work)
     jobs = [j for part in parts.values() for j in part]
-    todo = {j.key: guess(j, a) for j in jobs}
-    todo = {k: t for k, t in todo.items() if not (study.work / k / "training.json").is_file()}
+    todo = {j.key: guess(j, a) for j in jobs if not trained(study.work, j)}
     left, spent, guessed = sum(todo.values()), 0.0, 0.0
     results = {}
     for i, job in enumerate(jobs, 1):
@@ -248,6 +247,20 @@ def run_all(study: Study, parts: dict[str, list[Job]]) -> dict[str, dict[str, An
     return results
 
 
+SECONDS = "seconds.json"  # in --work: each run's wall seconds, by key
+
+
+def recorded_seconds(work: Path) -> dict[str, float]:
+    """The wall seconds ``--work`` keeps per run (``SECONDS``), empty when there are none."""
+    path = work / SECONDS
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def trained(work: Path, job: Job) -> bool:
+    """Whether ``job``'s run has finished in ``work`` (its training.json is written last)."""
+    return (work / job.key / "training.json").is_file()
+
+
 def guess(job: Job, args) -> float:
     """A run's seconds at the assumed rate (``ASSUMED_FLOPS``, ``OVERHEAD_S``)."""
     return job.flops(args.batch, args.seq_len) / ASSUMED_FLOPS + OVERHEAD_S
@@ -259,13 +272,10 @@ def estimate(study: Study, parts: dict[str, list[Job]]) -> tuple[float, str]:
     seconds in seconds.json over what the assumed rate gave them; a scale with none takes
     the correction of every run trained, or none)."""
     a = study.args
-    path = study.work / "seconds.json"
-    seconds = json.loads(path.read_text()) if path.is_file() else {}
+    seconds = recorded_seconds(study.work)
     jobs = [j for part in parts.values() for j in part]
-    done = [
-        j for j in jobs if j.key in seconds and (study.work / j.key / "training.json").is_file()
-    ]
-    todo = [j for j in jobs if not (study.work / j.key / "training.json").is_file()]
+    done = [j for j in jobs if j.key in seconds and trained(study.work, j)]
+    todo = [j for j in jobs if not trained(study.work, j)]
 
     def factor(runs: list[Job]) -> float | None:
         guessed = sum(guess(j, a) for j in runs)
@@ -291,8 +301,7 @@ def estimate(study: Study, parts: dict[str, list[Job]]) -> tuple[float, str]:
 def run_seconds(work: Path, keys: Iterable[str]) -> float:
     """Wall seconds of the runs ``keys`` of the study, over all its invocations (a run
     ``--work`` holds for another study's settings is not counted)."""
-    path = work / "seconds.json"
-    seconds = json.loads(path.read_text()) if path.is_file() else {}
+    seconds = recorded_seconds(work)
     return sum(seconds.get(k, 0.0) for k in keys)
 
 

@@ -328,8 +328,7 @@ class RunningBatch:
         theirs = [r for r, row in enumerate(other._rows) if row is not None]
         rows = pow2_rows(len(mine) + len(theirs), self.max_rows)
         held = mine + [self.rows + r for r in theirs]
-        index_r = jnp.asarray(np.asarray(held + [0] * (rows - len(held)), np.int32))
-        real_r = jnp.asarray(np.arange(rows) < len(held))
+        index_r, real_r = _gather(held, rows)
         args = (self._state, self._keys_b, other._state, other._keys_b, index_r, real_r)
         key = ("merge", self.rows, other.rows, rows)
         merge, compiled = self.engine.function(key, _merged, args)
@@ -375,8 +374,7 @@ class RunningBatch:
         """The held requests moved into the first rows of a bucket of ``rows``."""
         started = time.perf_counter()
         held = [r for r, row in enumerate(self._rows) if row is not None]
-        index_r = jnp.asarray(np.asarray(held + [0] * (rows - len(held)), np.int32))
-        real_r = jnp.asarray(np.arange(rows) < len(held))
+        index_r, real_r = _gather(held, rows)
         args = (self._state, self._keys_b, index_r, real_r)
         regroup, compiled = self.engine.function(("regroup", self.rows, rows), _regrouped, args)
         self._state, self._keys_b = jax.block_until_ready(regroup(*args))
@@ -422,6 +420,12 @@ class RunningBatch:
             finished.append(Finished(row.tag, tuple(map(int, out_bs[r, : n_b[r]])), stop))
             self._rows[r] = None
         return finished
+
+
+def _gather(held: list[int], rows: int) -> tuple[jax.Array, jax.Array]:
+    """``take_rows``'s index and mask: rows ``held`` first, then ``rows - len(held)`` empty."""
+    index_r = jnp.asarray(np.asarray(held + [0] * (rows - len(held)), np.int32))
+    return index_r, jnp.asarray(np.arange(rows) < len(held))
 
 
 def _regrouped(

@@ -28,6 +28,7 @@ gives it (tested).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
@@ -55,6 +56,11 @@ class Group:
     @property
     def live(self) -> int:
         return sum(self.mix.values())
+
+    @property
+    def heads(self) -> list[int]:
+        """The heads it holds live rows at."""
+        return [v for v, n in self.mix.items() if n > 0]
 
     def joined(self, head: int, n: int, max_rows: int) -> Group:
         """The group once ``n`` requests at ``head`` have joined (a join grows the bucket to
@@ -151,7 +157,7 @@ class Pricer:
 
     def group_seconds(self, group: Group) -> float:
         """One decode step of ``group``: its widest head, its bucket of rows (0: empty)."""
-        live = [v for v, n in group.mix.items() if n > 0]
+        live = group.heads
         return self.step_seconds(max(live), group.rows) if live else 0.0
 
     def mask_refused(self, group: Group) -> str | None:
@@ -183,7 +189,7 @@ class Pricer:
             if not group.live or group.live + joining > self.max_rows:
                 continue
             after = group.joined(head, joining, self.max_rows)
-            mixed = len([v for v, n in after.mix.items() if n > 0]) > 1
+            mixed = len(after.heads) > 1
             if mixed:
                 why = "--mixing separate" if mixing == "separate" else self.mask_refused(after)
                 if why is not None:
@@ -227,11 +233,9 @@ class Pricer:
                 if not a.live or not b.live or a.live + b.live > self.max_rows:
                     continue
                 into, other = (i, j) if a.live >= b.live else (j, i)
-                merged = groups[into]
-                for v, n in groups[other].mix.items():
-                    merged = merged.joined(v, n, self.max_rows)
-                merged = Group(merged.mix, pow2_rows(merged.live, self.max_rows))
-                if len([v for v, n in merged.mix.items() if n > 0]) > 1 and (
+                mix = dict(collections.Counter(a.mix) + collections.Counter(b.mix))
+                merged = Group(mix, pow2_rows(a.live + b.live, self.max_rows))
+                if len(merged.heads) > 1 and (
                     mixing == "separate" or self.mask_refused(merged) is not None
                 ):
                     continue
