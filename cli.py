@@ -659,8 +659,9 @@ _pattern_option = click.option(
     multiple=True,
     required=True,
     metavar="DIR|FILE",
-    help="A level directory, a tokenizer.json (or its directory), or a tiktoken BPE "
-    "rank file; repeatable.",
+    help="A level directory, a tokenizer.json (or its directory), a tiktoken BPE rank file, "
+    "a Mistral tekken*.json, or (with the sentencepiece package) a SentencePiece model; "
+    "repeatable.",
 )
 @_corpus_options("heldout")
 @_pattern_option

@@ -23,7 +23,9 @@ to stderr. Parts:
 4. training throughput: part 1's tokens/s at the smallest and largest V (512 -> 16k spans 32x,
    as 8k -> 262k does).
 5. compression on prose: nested levels trained on ``--compression-bytes`` of the last corpus (V
-   alone changes), and any production tokenizer installed packages ship (or ``--tokenizer``).
+   alone changes), every production tokenizer installed packages ship and each ``--tokenizer``,
+   and each production rank file cut to the smaller ``--compression-vocab`` sizes (V alone, on
+   the data that file was trained on).
 """
 
 from __future__ import annotations
@@ -425,17 +427,20 @@ def throughput_rows(a, rows) -> list[dict[str, Any]]:
 
 def compression(a, work: Path) -> dict[str, Any]:
     """Bytes per token on the last corpus's held-out part: nested levels trained on its train
-    part (V alone changes), and the production tokenizers found or given."""
-    from vocabjax.vocab import LoadedTokenizer, load_tokenizer, measure, train_nested
+    part (V alone changes), the production tokenizers found and given, and each production rank
+    file cut to the smaller study levels (V alone again, on the data that file was trained on)."""
+    from vocabjax.vocab import LoadedTokenizer, measure, train_nested
     from vocabjax.vocab.bpe import from_json
 
     spec = a.corpora[-1]
+    shipped = shipped_tokenizers()
     # kept in --work for the settings it was measured with; other settings measure again
     key = {
         "corpus": spec,
         "bytes": a.compression_bytes,
         "vocab": list(a.compression_vocab),
         "tokenizers": [str(t) for t in a.tokenizer],
+        "shipped": [str(t) for t in shipped],
     }
     path = work / "compression.json"
     if path.is_file():
@@ -449,26 +454,132 @@ def compression(a, work: Path) -> dict[str, Any]:
         LoadedTokenizer(from_json(nested.level(v), where=f"level {v}"), f"nested {v}", "hf")
         for v in nested.vocab_sizes
     ]
-    found = list(a.tokenizer) or shipped_tokenizers()
-    tokenizers += [load_tokenizer(p) for p in found]
-    points = measure(tokenizers, list(corpus.texts("heldout")))
+    heldout = list(corpus.texts("heldout"))
+    say(f"compression: measuring {len(tokenizers)} nested levels")
+    points = measure(tokenizers, heldout)
+    production, aliases, skipped, more = production_points(a, shipped, heldout)
     out = {
         "key": key,
         "corpus": corpus.describe("heldout"),
         "reached": list(nested.vocab_sizes),
-        "points": [p.to_json() for p in points],
-        "production": [str(p) for p in found],
+        "points": [
+            {**p.to_json(), "tokenizer": short(p.tokenizer)}
+            for p in sorted(points + more, key=lambda p: p.vocab)
+        ],
+        "production": [short(t.path) for t in production],
+        "aliases": aliases,
+        "skipped": skipped,
     }
     write_json(path, out)
     return out
 
 
+def production_points(a, shipped: list[Path], heldout: list[str]):
+    """The production tokenizers (shipped, then ``--tokenizer``) measured on ``heldout``, each
+    rank file also cut to the smaller ``--compression-vocab`` sizes: (the tokenizers, the
+    aliases, the shipped files skipped, the points). Files that count every document alike at
+    one size are one tokenizer released twice (Mistral's instruct models re-ship one
+    SentencePiece model): measured once, the others named as its aliases."""
+    from vocabjax.vocab import cut_ranks, load_tokenizer, measure
+
+    production, skipped = [], []
+    for file in [*shipped, *map(Path, a.tokenizer)]:
+        try:
+            production.append(load_tokenizer(file))
+        except UserError as exc:
+            if file not in shipped:
+                raise
+            skipped.append(f"{short(file)}: {exc}")  # a shipped file this machine cannot read
+    if not production:
+        return production, {}, skipped, []
+    say(f"compression: measuring {len(production)} production tokenizers")
+    points = {p.tokenizer: p for p in measure(production, heldout)}
+    same: dict[tuple[int, int, str], list[str]] = {}
+    for t in production:
+        same.setdefault((points[t.path].vocab, points[t.path].tokens, t.kind), []).append(t.path)
+    firsts = {paths[0] for paths in same.values()}
+    unique = [t for t in production if t.path in firsts]
+    aliases = {short(v[0]): [short(x) for x in v[1:]] for v in same.values() if len(v) > 1}
+    cuts = [
+        cut_ranks(t, v)
+        for t in unique
+        if t.ranks is not None
+        for v in a.compression_vocab
+        if 256 + t.specials <= v < t.vocab
+    ]
+    kept = [points[t.path] for t in unique]
+    if cuts:
+        say(f"compression: measuring {len(cuts)} cuts of the rank files")
+        kept += measure(cuts, heldout)
+    return production, aliases, skipped, kept
+
+
+PAPER_CUT = 0.20  # the paper's fewer tokens from 32k to 262k: three doublings of V
+
+
+def series_of(tokenizer: str) -> str:
+    """Which same-data series a compression point belongs to: the nested levels, or a rank file
+    with its cuts."""
+    return "nested levels" if tokenizer.startswith("nested ") else tokenizer.split(" cut to ")[0]
+
+
+def by_series(comp: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """The compression points per same-data series (see ``series_of``), each by V."""
+    series: dict[str, list[dict[str, Any]]] = {}
+    for p in sorted(comp["points"], key=lambda p: p["vocab"]):
+        series.setdefault(series_of(p["tokenizer"]), []).append(p)
+    return series
+
+
+def v_alone(comp: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per same-data series of two or more sizes: the share of tokens saved from 32k (or its
+    smallest size) to its largest, beside the paper's 20% over 32k -> 262k taken at an even
+    rate per doubling over the same span (more, if returns diminish with V)."""
+    out = []
+    for name_, points in by_series(comp).items():
+        if len(points) < 2:
+            continue
+        first = next((p for p in points[:-1] if p["vocab"] == 32768), points[0])
+        last = points[-1]
+        out.append(
+            {
+                "series": name_,
+                "lo": first["vocab"],
+                "hi": last["vocab"],
+                "cut": 1 - first["bytes_per_token"] / last["bytes_per_token"],
+                "paper": 1 - (1 - PAPER_CUT) ** (math.log2(last["vocab"] / first["vocab"]) / 3),
+            }
+        )
+    return out
+
+
+def families_at(comp: dict[str, Any], vocab: int = 32768) -> list[dict[str, Any]]:
+    """The compression points within 10% of ``vocab`` ids: tokenizers of about one size that
+    differ in training corpus, pre-tokenizer or algorithm."""
+    return sorted(
+        (p for p in comp["points"] if abs(p["vocab"] / vocab - 1) <= 0.1),
+        key=lambda p: p["bytes_per_token"],
+    )
+
+
+def short(path: str | Path) -> str:
+    """A tokenizer file as the report names it: its package folder and name, and any cut."""
+    text = str(path)
+    if text.startswith("nested "):
+        return text
+    file, _, cut = text.partition(" cut to ")
+    name = "/".join(Path(file).parts[-3:])
+    return f"{name} cut to {cut}" if cut else name
+
+
 def shipped_tokenizers() -> list[Path]:
-    """Tokenizer files installed packages ship (tiktoken rank files, tokenizer.json)."""
+    """Tokenizer files installed packages ship: tiktoken rank files, tokenizer.json, Tekken files
+    and SentencePiece models (``pip install mistral-common`` ships both of Mistral's kinds)."""
     import sysconfig
 
     root = Path(sysconfig.get_paths()["purelib"])
-    found = sorted(root.glob("**/*.tiktoken")) + sorted(root.glob("**/tokenizer.json"))
+    patterns = ("**/*.tiktoken", "**/tokenizer.json", "**/tekken*.json", "**/*tokenizer*.model*")
+    found = sorted({p for pattern in patterns for p in root.glob(pattern) if p.is_file()})
     return [p for p in found if "test" not in p.parts and "tests" not in p.parts]
 
 
@@ -542,18 +653,16 @@ def claim_rows(a, spreads, pruned, heads, saving, speeds, comp) -> list[str]:
             f"differ up to {s['repeat']:.2f}x | "
             f"{verdict(ok, f'within 15% of 2.4 when the seeds of each end V agree within {REPEATABLE:g}x (a quiet machine); the head is a larger share of a small model')} |"
         )
-    points = {p["tokenizer"]: p for p in comp["points"]}
-    levels = comp["reached"]
-    if len(levels) >= 2:
-        start = 32768 if 32768 in levels[:-1] else levels[0]
-        first, last = points[f"nested {start}"], points[f"nested {levels[-1]}"]
-        cut = 1 - first["bytes_per_token"] / last["bytes_per_token"]
-        claims.append(
-            f"| sequence length ~20% shorter from 32k to 262k (same data, V alone: "
-            f"{start} -> {levels[-1]}) | {cut:.1%} fewer tokens | over documents: see "
-            f"compression table | {verdict(abs(cut - 0.2) <= 0.05, 'within 5 points of 20%')} |"
+    for v in (v for v in v_alone(comp) if v["hi"] >= 2 * v["lo"]):
+        rule = (
+            "within 5 points of the paper's 20% over 32k -> 262k taken evenly per doubling: "
+            f"{v['paper']:.1%} over {v['lo']} -> {v['hi']}"
         )
-
+        claims.append(
+            f"| sequence length ~20% shorter from 32k to 262k (same data, V alone: {v['series']} "
+            f"{v['lo']} -> {v['hi']}) | {v['cut']:.1%} fewer tokens | over documents: see "
+            f"compression table | {verdict(abs(v['cut'] - v['paper']) <= 0.05, rule)} |"
+        )
     return claims
 
 
@@ -629,7 +738,17 @@ def report_body(a, parts, results, comp, seconds, claims, table, heads, saving) 
             or "none found in the installed packages (give "
             "`--tokenizer FILE`, a rank file or tokenizer.json a package ships)"
         )
-        + ": those differ in training corpus and pre-tokenizer too.",
+        + ": those differ in training corpus and pre-tokenizer too. A rank file's ranks are in "
+        "the order its training made them, so a rank file *cut to* N keeps its specials and its "
+        "first ranks: the tokenizer the same training would have made at N, which measures what "
+        "V alone buys on the data that tokenizer was trained on. Where they come from: "
+        "`pip install mistral-common` ships Mistral's SentencePiece models and Tekken files "
+        "(SentencePiece models are read with the sentencepiece package it installs); "
+        "`pip download openai-whisper --no-deps` fetches Whisper's source, whose "
+        "whisper/assets/ holds GPT-2's and Whisper's rank files (give them with `--tokenizer`). "
+        "Figure: the last panel of [quality.png](quality.png).",
+        "",
+        *compression_reading(comp),
         "",
         "| tokenizer | vocab | bytes/token | 95% interval |",
         "|---|---:|---:|---|",
@@ -642,7 +761,35 @@ def report_body(a, parts, results, comp, seconds, claims, table, heads, saving) 
     return body
 
 
-def plot(a, rows, path: Path) -> None:
+def compression_reading(comp: dict[str, Any]) -> list[str]:
+    """What V alone buys against what the family buys, in figures from the table."""
+    lines = [
+        f"- V alone, {v['series']}: {v['cut']:.1%} fewer tokens from {v['lo']} to {v['hi']} "
+        f"(the paper's rate would give {v['paper']:.1%} over that span)"
+        for v in v_alone(comp)
+    ]
+    for first, others in comp.get("aliases", {}).items():
+        lines.append(f"- {', '.join(others)}: the same counts as {first} on every document")
+    near = families_at(comp)
+    if len(near) >= 2:
+        lo, hi = near[0], near[-1]
+        lines.append(
+            f"- The family at about 32k ids ({len(near)} tokenizers of "
+            f"{min(p['vocab'] for p in near)}-{max(p['vocab'] for p in near)} ids): "
+            f"{lo['bytes_per_token']:.3f} ({lo['tokenizer']}) to {hi['bytes_per_token']:.3f} "
+            f"({hi['tokenizer']}) bytes per token, "
+            f"{1 - lo['bytes_per_token'] / hi['bytes_per_token']:.1%} fewer tokens for the best "
+            "at the same size: what a training corpus and pre-tokenizer buy without V (the "
+            "nested levels are trained on this corpus's own train part)."
+        )
+    for skipped in comp.get("skipped", []):
+        lines.append(f"- not measured: {skipped}")
+    return lines
+
+
+def plot(a, rows, comp, path: Path) -> None:
+    """One panel of bpb against V per scale, and one of bytes per token against V: each
+    same-data series as a line, a tokenizer without cuts as a point."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -650,8 +797,9 @@ def plot(a, rows, path: Path) -> None:
 
     from vocabjax.outputs import save_figure
 
-    fig, axes = plt.subplots(1, len(a.scales), figsize=(5 * len(a.scales), 4), squeeze=False)
-    for ax, scale in zip(axes[0], a.scales, strict=True):
+    n = len(a.scales) + 1
+    fig, axes = plt.subplots(1, n, figsize=(5 * n, 4), squeeze=False)
+    for ax, scale in zip(axes[0], a.scales, strict=False):
         for spec in a.corpora:
             sel = [r for r in rows if (r["scale"], r["corpus"]) == (scale, spec)]
             x = [r["vocab"] for r in sel]
@@ -663,6 +811,16 @@ def plot(a, rows, path: Path) -> None:
         ax.set_ylabel("held-out bits per byte")
         ax.set_title(f"{name(scale)}: bpb against V (95% over seeds)")
         ax.legend()
+    ax = axes[0][-1]
+    for label, points in by_series(comp).items():
+        style = "o-" if len(points) > 1 else "s"
+        ax.plot([p["vocab"] for p in points], [p["bytes_per_token"] for p in points], style,
+                label=label, markersize=4)  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("vocabulary size V (ids, specials included)")
+    ax.set_ylabel("held-out bytes per token")
+    ax.set_title(f"compression on {a.corpora[-1]}")
+    ax.legend(fontsize=6)
     fig.text(0.01, -0.02, command(), fontsize=7)
     save_figure(fig, path)
     plt.close(fig)
@@ -744,7 +902,7 @@ def main(argv: Sequence[str] | None = None, *, doc_writer: Callable = write_doc)
         return 1
     body, data = report(a, parts, results, comp, seconds)
     figure = a.figure or figure_path("quality.png")
-    plot(a, data["bpb"], figure)
+    plot(a, data["bpb"], comp, figure)
     write_json(a.data, data)
     doc_writer(a.doc, "The paper's quality claims on two CPU cores", body)
     say(f"done in {seconds / 60:.1f} min; wrote {figure} and {a.data}")

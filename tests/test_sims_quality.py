@@ -26,6 +26,7 @@ def load_study(monkeypatch):
 @pytest.mark.slow
 def test_the_study_runs_small_and_resumes(tmp_path, monkeypatch, capsys):
     quality = load_study(monkeypatch)
+    monkeypatch.setattr(quality, "shipped_tokenizers", list)  # whatever this venv has installed
     micro = tmp_path / "micro.json"
     micro.write_text(json.dumps(SHAPE))
     args = [
@@ -107,3 +108,47 @@ def test_the_time_left_is_scaled_by_the_runs_already_trained(tmp_path, monkeypat
     for j, t in ((tiny[1], 1.0), (small[1], 1.0), (small[2], 1.0)):
         trained(j, t)
     assert quality.estimate(study, parts) == (0.0, "every run is trained")
+
+
+def test_the_compression_reading_separates_v_from_the_family(monkeypatch):
+    quality = load_study(monkeypatch)
+
+    def point(tokenizer, vocab, bpt):
+        return {"tokenizer": tokenizer, "vocab": vocab, "bytes_per_token": bpt}
+
+    comp = {
+        "points": [
+            point("nested 32768", 32768, 4.0),
+            point("nested 65536", 65536, 4.1),
+            point("m/d/tekken.json cut to 32768", 32768, 3.2),
+            point("m/d/tekken.json cut to 65536", 65536, 3.5),
+            point("m/d/tekken.json", 131072, 3.7),
+            point("w/a/gpt2.tiktoken cut to 32768", 32768, 3.0),
+            point("w/a/gpt2.tiktoken", 50256, 3.1),
+            point("m/d/sp.model.v1", 32000, 3.3),
+        ],
+        "aliases": {"m/d/sp.model.v1": ["m/d/sp.model.v2"]},
+    }
+    v = {row["series"]: row for row in quality.v_alone(comp)}
+    assert set(v) == {"nested levels", "m/d/tekken.json", "w/a/gpt2.tiktoken"}
+    assert v["m/d/tekken.json"]["lo"] == 32768 and v["m/d/tekken.json"]["hi"] == 131072
+    assert v["m/d/tekken.json"]["cut"] == pytest.approx(1 - 3.2 / 3.7)
+    assert v["m/d/tekken.json"]["paper"] == pytest.approx(1 - 0.8 ** (2 / 3))  # 2 of 3 doublings
+    assert [p["vocab"] for p in quality.families_at(comp)] == [32768, 32768, 32000, 32768]
+    reading = "\n".join(quality.compression_reading(comp))
+    assert "13.5% fewer tokens from 32768 to 131072" in reading
+    assert "m/d/sp.model.v2: the same counts as m/d/sp.model.v1" in reading
+    assert "3.000 (w/a/gpt2.tiktoken cut to 32768) to 4.000 (nested 32768)" in reading
+    # the claim table keeps spans of a doubling or more: gpt2's 32768 -> 50256 is left out
+    rows = [r for r in quality.claim_rows(*_no_training_parts(), comp) if "sequence length" in r]
+    assert len(rows) == 2 and not any("gpt2" in r for r in rows)
+    assert "agrees" in next(r for r in rows if "tekken" in r)
+
+
+def _no_training_parts():
+    """claim_rows' arguments before the compression ones, for a study with no runs."""
+    import argparse
+
+    a = argparse.Namespace(scales=["tiny"], corpora=["builtin-prose"], prune_from=16384,
+                           prune_to=2048)  # fmt: skip
+    return a, [], (0.0, -1.0, 1.0), [], {"nested": 0.4, "separate": 0.3}, []

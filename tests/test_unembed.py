@@ -473,6 +473,15 @@ class TestPallas(Base):
     BLOCKS = ({"block_v": 4096, "block_d": 64, "block_b": 64},) if ON_CPU else (None,)
     GRAD_BLOCKS = BLOCKS
 
+    @pytest.fixture(autouse=True)
+    def _interpreted_513_rows_are_the_kernel_tests(self, request):
+        """Interpreted, N = 513 costs 7-10 s a test; the kernels' own tests interpret it
+        (test_pallas_decode, test_pallas_linear_ce: several row tiles, the last ragged), and
+        N = 3 and 37 take these ops' Pallas dispatch. A GPU run keeps 513 here."""
+        callspec = getattr(request.node, "callspec", None)
+        if self.INTERPRET and callspec and 513 in callspec.params.values():
+            pytest.skip("interpreted at N = 513 by the kernels' own tests")
+
 
 # --- checks that do not depend on the implementation -------------------------------------------
 

@@ -97,7 +97,7 @@ def test_an_hf_tokenizer_made_here_loads(tmp_path):
             "is not a tokenizer.json HF tokenizers can load",
         ),
         (b'{"truncated": ', "is not a tokenizer.json HF tokenizers can load"),
-        (b"\xff\xfe\x00junk", "is neither a tokenizer.json nor a BPE rank file"),
+        (b"\xff\xfe\x00junk", "is neither a tokenizer.json"),
         (b"hello world\n", r":1 is not '<base64 token> <rank>'"),
         (b"YQ== 0\nYg== 0\n", "two tokens share a rank"),
         (b"YQ== 0\nYg== 1\n", "254 of the 256 single-byte tokens are missing"),
@@ -278,7 +278,8 @@ def test_the_file_name_does_not_decide(tmp_path):
         load_tokenizer(tmp_path / "cl100k_base.tiktoken")
     assert str(err.value) == (
         f"{tmp_path}/cl100k_base.tiktoken: a rank file of {LEVEL - 1} tokens that is none of "
-        "r50k_base, p50k_base, cl100k_base, llama3, o200k_base (by its first merges), so its "
+        "r50k_base, p50k_base, cl100k_base, llama3, o200k_base, whisper multilingual (by its "
+        "first merges), so its "
         "split regex is unknown; give pattern NAME|REGEX (names: cl100k, gpt2, llama3, o200k, "
         "tekken)"
     )

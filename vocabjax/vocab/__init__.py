@@ -9,6 +9,7 @@ profile = compression_profile(points, corpus=corpus.describe("heldout"), source=
 from vocabjax.vocab.bpe import BYTE_ALPHABET, DEFAULT_SPECIALS, cut_level
 from vocabjax.vocab.load import (
     LoadedTokenizer,
+    cut_ranks,
     load_largest,
     load_tokenizer,
     load_tokenizers,
@@ -57,6 +58,7 @@ __all__ = [
     "check_prune_out",
     "check_vocab_sizes",
     "compression_profile",
+    "cut_ranks",
     "count_usage",
     "curve_notes",
     "cut_level",

@@ -1,7 +1,10 @@
 """Loading tokenizers to measure or prune: a vocabjax level directory (``manifest.json``), any HF
-``tokenizer.json`` (or a directory holding one), and tiktoken BPE rank files (``<base64 token>
-<rank>`` per line: OpenAI's ``cl100k_base.tiktoken``, Meta's Llama 3 ``tokenizer.model``),
-converted to an HF byte-level BPE that encodes with the same ids as tiktoken.
+``tokenizer.json`` (or a directory holding one), tiktoken BPE rank files (``<base64 token>
+<rank>`` per line: OpenAI's ``cl100k_base.tiktoken``, Meta's Llama 3 ``tokenizer.model``,
+Whisper's ``multilingual.tiktoken``) and Mistral's Tekken files (``tekken*.json``, ranks in JSON
+with their own regex), converted to an HF byte-level BPE that encodes with the same ids as
+tiktoken; and, with the ``sentencepiece`` package installed, SentencePiece models (Mistral's and
+Llama 2's ``tokenizer.model``), which are measured only.
 
 A rank file does not say how text is split into pieces before merging: its regex is a name or a
 regex given by the caller, or recognized from the file's content (``detect_pattern``).
@@ -12,6 +15,7 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -91,6 +95,15 @@ KNOWN_RANK_FILES: tuple[KnownRanks, ...] = (
     # Llama 3's file begins with cl100k_base's ranks, then Meta's own up to 128000
     KnownRanks("llama3", "llama3", 128_000, _CL100K_FIRST, "Meta-Llama-3 original/tokenizer.model"),
     KnownRanks("o200k_base", "o200k", 199_998, _O200K_FIRST, _OPENAI + "o200k_base.tiktoken"),
+    # Whisper's own multilingual BPE (openai-whisper's whisper/tokenizer.py splits with GPT-2's
+    # regex), shipped in the package as whisper/assets/multilingual.tiktoken
+    KnownRanks(
+        "whisper multilingual",
+        "gpt2",
+        50_256,
+        (b" t", b" a", b" th", b"in", b"er", b" w", b" s", b"ou"),
+        "openai-whisper whisper/assets/multilingual.tiktoken",
+    ),
 )
 
 
@@ -98,18 +111,33 @@ KNOWN_RANK_FILES: tuple[KnownRanks, ...] = (
 class LoadedTokenizer:
     """A tokenizer ready to encode, and where it came from."""
 
-    tokenizer: Tokenizer
+    tokenizer: Any  # an HF Tokenizer; a SentencePieceProcessor for kind "sentencepiece"
     path: str  # the file it was read from
-    kind: Literal["hf", "tiktoken"]  # the file's format
+    kind: Literal["hf", "tiktoken", "tekken", "sentencepiece"]  # the file's format
     pattern: str | None = None  # a rank file's split regex: its PATTERNS name, or the regex
+    ranks: Mapping[bytes, int] | None = None  # a rank file's ranks (see ``cut_ranks``)
+    specials: int = 0  # ids a rank file reserves beside its ranks (Tekken's 1000)
 
     @property
     def vocab(self) -> int:
         """The vocabulary size: every token id, specials and added tokens included."""
+        if self.kind == "sentencepiece":
+            return self.tokenizer.get_piece_size()
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
     def to_json(self) -> dict[str, Any]:
+        if self.kind == "sentencepiece":
+            raise UserError(
+                f"{self.path} is a SentencePiece model: it can be measured, not pruned or "
+                "trained from (give a tokenizer.json or a BPE rank file)"
+            )
         return to_json(self.tokenizer)
+
+    def token_counts(self, texts: list[str]) -> list[int]:
+        """How many tokens each text encodes to, without special tokens."""
+        if self.kind == "sentencepiece":
+            return [len(ids) for ids in self.tokenizer.encode(texts)]
+        return [len(e.ids) for e in self.encode_batch(texts)]
 
     def encode_batch(self, texts: list[str]) -> list[Encoding]:
         """Encode without adding special tokens. A tokenizer.json that loads but cannot encode
@@ -190,8 +218,11 @@ def load_tokenizer(path: str | os.PathLike, *, pattern: str | None = None) -> Lo
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
-        raise UserError(f"{path} is neither a tokenizer.json nor a BPE rank file") from None
+        return load_sentencepiece(path)
     if text.lstrip().startswith("{"):
+        tekken = _tekken_data(text)
+        if tekken is not None:
+            return load_tekken(tekken, path=path, pattern=pattern)
         try:
             tokenizer = Tokenizer.from_str(text)
         except Exception as exc:  # tokenizers raises a plain Exception for a bad file
@@ -203,7 +234,98 @@ def load_tokenizer(path: str | os.PathLike, *, pattern: str | None = None) -> Lo
     if pattern is None:
         pattern = detect_pattern(ranks, where=str(path)).pattern
     tokenizer = tiktoken_to_hf(ranks, regex=pattern_regex(pattern), where=str(path))
-    return LoadedTokenizer(tokenizer=tokenizer, path=str(path), kind="tiktoken", pattern=pattern)
+    return LoadedTokenizer(tokenizer, str(path), "tiktoken", pattern=pattern, ranks=ranks)
+
+
+def _tekken_data(text: str) -> dict[str, Any] | None:
+    """The parsed file when ``text`` is a Tekken file (a ``config`` and a ``vocab`` of
+    ``token_bytes``), else None (it is read as a tokenizer.json)."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
+        return None
+    vocab = data.get("vocab")
+    if not isinstance(vocab, list) or not vocab or not isinstance(vocab[0], dict):
+        return None
+    return data if "token_bytes" in vocab[0] else None
+
+
+def load_tekken(
+    data: Mapping[str, Any], *, path: str | os.PathLike, pattern: str | None = None
+) -> LoadedTokenizer:
+    """A Tekken file as mistral-common's Tekkenizer reads it: ``default_vocab_size`` ids, of
+    which the first ``default_num_special_tokens`` are special and the rest are the first ranks
+    of ``vocab``, split by ``config.pattern`` (or ``pattern``). The HF tokenizer puts the special
+    tokens after the ranks (ids = ranks), so counts match Mistral's and ids are shifted."""
+    where = str(path)
+    config = data["config"]
+    try:
+        size = int(config["default_vocab_size"])
+        specials = int(config["default_num_special_tokens"])
+        entries = data["vocab"][: size - specials]
+        ranks = {base64.b64decode(e["token_bytes"], validate=True): int(e["rank"]) for e in entries}
+    except (KeyError, TypeError, ValueError, binascii.Error) as exc:
+        raise UserError(f"{where}: not a Tekken file mistral-common reads ({exc})") from None
+    if len(ranks) != size - specials or sorted(ranks.values()) != list(range(len(ranks))):
+        inner = size - specials
+        raise UserError(f"{where}: the first {inner} ranks are not 0..{inner - 1}")
+    if pattern is None:
+        own = str(config.get("pattern", ""))
+        pattern = next((name for name, rx in PATTERNS.items() if rx == own), own)
+    tokenizer = tiktoken_to_hf(ranks, regex=pattern_regex(pattern), where=where)
+    return _with_specials(
+        LoadedTokenizer(tokenizer, where, "tekken", pattern=pattern, ranks=ranks), specials
+    )
+
+
+def _with_specials(loaded: LoadedTokenizer, specials: int) -> LoadedTokenizer:
+    """``loaded`` with ``specials`` special tokens added after its ranks (never matched in text
+    that does not spell them), so that its vocabulary size counts them."""
+    if specials:
+        names = [f"<SPECIAL_{i}>" for i in range(specials)]
+        loaded.tokenizer.add_special_tokens(names)
+    return dataclasses.replace(loaded, specials=specials)
+
+
+def cut_ranks(loaded: LoadedTokenizer, vocab: int) -> LoadedTokenizer:
+    """A rank file's tokenizer cut to ``vocab`` ids: its specials and its ranks below
+    ``vocab - specials``. Ranks are in training order, so the cut is the tokenizer the same
+    training would have made at that size: what V alone buys on the file's own data."""
+    if loaded.ranks is None:
+        raise UserError(f"{loaded.path} is not a rank file: only rank files can be cut")
+    keep = vocab - loaded.specials
+    if not 256 <= keep <= len(loaded.ranks):
+        raise UserError(
+            f"{loaded.path}: cannot cut to {vocab} (it holds {loaded.vocab} ids, "
+            f"{loaded.specials} of them special)"
+        )
+    ranks = {t: r for t, r in loaded.ranks.items() if r < keep}
+    where = f"{loaded.path} cut to {vocab}"
+    tokenizer = tiktoken_to_hf(ranks, regex=pattern_regex(loaded.pattern), where=where)
+    cut = LoadedTokenizer(tokenizer, where, loaded.kind, pattern=loaded.pattern, ranks=ranks)
+    return _with_specials(cut, loaded.specials)
+
+
+def load_sentencepiece(path: Path) -> LoadedTokenizer:
+    """A SentencePiece model, read by the ``sentencepiece`` package (an optional dependency:
+    ``pip install sentencepiece``); measured as SentencePiece encodes, not converted."""
+    try:
+        import sentencepiece
+    except ImportError:
+        raise UserError(
+            f"{path} is neither a tokenizer.json nor a BPE rank file; if it is a SentencePiece "
+            "model, install the sentencepiece package to measure it"
+        ) from None
+    try:
+        processor = sentencepiece.SentencePieceProcessor(model_file=str(path))
+    except Exception as exc:  # sentencepiece raises RuntimeError or OSError for a bad file
+        raise UserError(
+            f"{path} is neither a tokenizer.json, a BPE rank file nor a SentencePiece model "
+            f"({_reason(exc)})"
+        ) from None
+    return LoadedTokenizer(processor, str(path), "sentencepiece")
 
 
 def pattern_names() -> list[str]:
@@ -262,6 +384,8 @@ def parse_ranks(text: str, *, where: str) -> dict[bytes, int]:
         if not line.strip():
             continue
         parts = line.split()
+        if parts[0] == "=":  # an empty token (Whisper's multilingual.tiktoken ends with one)
+            continue
         try:
             if len(parts) != 2:
                 raise ValueError

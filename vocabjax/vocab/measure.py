@@ -102,7 +102,7 @@ def measure(
         doc_bytes += [len(b) for b in encoded]
         doc_chars += [len(t) for t in batch]
         for counts, tok in zip(doc_tokens, tokenizers, strict=True):
-            counts += [len(e.ids) for e in tok.encode_batch(batch)]
+            counts += tok.token_counts(batch)
         done += sum(doc_bytes[-len(batch) :])
         if progress and done >= report:
             rate = done / 2**20 / max(time.perf_counter() - start, 1e-9)

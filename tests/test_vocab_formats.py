@@ -1,0 +1,165 @@
+"""Production tokenizer formats beside tokenizer.json and plain rank files: Mistral's Tekken
+files, rank files cut to a smaller V, Whisper's rank file quirk, and SentencePiece models; each
+checked against the library that defines the format, on text of several scripts."""
+
+from __future__ import annotations
+
+import base64
+import builtins
+import json
+
+import pytest
+from vocab_testing import heldout_texts, mixed_text, nested, train_texts
+
+from vocabjax.errors import UserError
+from vocabjax.vocab import cut_ranks, load_tokenizer, measure
+from vocabjax.vocab.load import PATTERNS, bytes_to_unicode
+from vocabjax.vocab.prune import prune_texts
+
+SPECIALS = 5
+
+
+def _ranks(level: int) -> dict[bytes, int]:
+    """The ranks of a nested BPE level made here (rank = HF id - 1, the special token left out)."""
+    decode = {ch: b for b, ch in enumerate(bytes_to_unicode())}
+    vocab = nested().level(level)["model"]["vocab"]
+    return {
+        bytes(decode[ch] for ch in token): i - 1
+        for token, i in vocab.items()
+        if token != "<|endoftext|>"
+    }
+
+
+def _tekken(path, ranks: dict[bytes, int], size: int):
+    """A Tekken file as mistral-common writes it: every rank in ``vocab``, of which the first
+    ``size - SPECIALS`` are used, and ``SPECIALS`` special ids."""
+    entries = [
+        {"rank": r, "token_bytes": base64.b64encode(t).decode(), "token_str": None}
+        for t, r in sorted(ranks.items(), key=lambda kv: kv[1])
+    ]
+    config = {
+        "pattern": PATTERNS["tekken"],
+        "num_vocab_tokens": len(ranks),
+        "default_vocab_size": size,
+        "default_num_special_tokens": SPECIALS,
+        "version": "v3",
+    }
+    path.write_text(json.dumps({"config": config, "vocab": entries}), encoding="utf-8")
+    return path
+
+
+def _documents() -> list[str]:
+    return [*heldout_texts()[:20], mixed_text(1), mixed_text(2)]
+
+
+def _tiktoken_counts(ranks, keep: int, docs) -> list[int]:
+    tiktoken = pytest.importorskip("tiktoken")
+    used = {t: r for t, r in ranks.items() if r < keep}
+    enc = tiktoken.Encoding("test", pat_str=PATTERNS["tekken"], mergeable_ranks=used,
+                            special_tokens={})  # fmt: skip
+    return [len(ids) for ids in enc.encode_ordinary_batch(docs)]
+
+
+def test_a_tekken_file_counts_as_tiktoken_does(tmp_path):
+    ranks = _ranks(2000)
+    loaded = load_tokenizer(_tekken(tmp_path / "tekken.json", ranks, size=1500))
+    assert (loaded.kind, loaded.vocab, loaded.specials, loaded.pattern) == (
+        "tekken",
+        1500,
+        SPECIALS,
+        "tekken",
+    )
+    docs = _documents()
+    assert loaded.token_counts(docs) == _tiktoken_counts(ranks, 1500 - SPECIALS, docs)
+
+
+def test_a_rank_file_cut_is_the_same_training_at_a_smaller_v(tmp_path):
+    ranks = _ranks(2000)
+    loaded = load_tokenizer(_tekken(tmp_path / "tekken.json", ranks, size=1500))
+    docs = _documents()
+    cut = cut_ranks(loaded, 600)
+    assert cut.vocab == 600 and cut.specials == SPECIALS and "cut to 600" in cut.path
+    assert cut.token_counts(docs) == _tiktoken_counts(ranks, 600 - SPECIALS, docs)
+    # a smaller V packs fewer bytes into a token
+    small, large = sorted(measure([cut, loaded], docs), key=lambda p: p.vocab)
+    assert small.bytes_per_token < large.bytes_per_token
+    for bad in (SPECIALS + 255, 1501):
+        with pytest.raises(UserError, match="cannot cut to"):
+            cut_ranks(loaded, bad)
+
+
+def test_only_rank_files_cut(tmp_path):
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(nested().level(500)), encoding="utf-8")
+    with pytest.raises(UserError, match="only rank files can be cut"):
+        cut_ranks(load_tokenizer(path), 300)
+
+
+def test_a_corrupt_tekken_file_is_one_error(tmp_path):
+    path = _tekken(tmp_path / "tekken.json", _ranks(500), size=400)
+    data = json.loads(path.read_text())
+    data["vocab"][3]["rank"] = 7  # two tokens at rank 7, none at 3
+    path.write_text(json.dumps(data))
+    with pytest.raises(UserError, match="ranks are not 0..394"):
+        load_tokenizer(path)
+    data["vocab"][3]["token_bytes"] = "not base64!"
+    path.write_text(json.dumps(data))
+    with pytest.raises(UserError, match="not a Tekken file"):
+        load_tokenizer(path)
+
+
+def test_a_rank_file_may_end_with_whispers_empty_token(tmp_path):
+    ranks = _ranks(500)
+    lines = [f"{base64.b64encode(t).decode()} {r}" for t, r in ranks.items()]
+    path = tmp_path / "multilingual.tiktoken"
+    path.write_text("\n".join([*lines, f"= {len(ranks)}"]) + "\n", encoding="utf-8")
+    loaded = load_tokenizer(path, pattern="gpt2")
+    assert loaded.vocab == len(ranks) and loaded.kind == "tiktoken"
+
+
+@pytest.fixture(scope="module")
+def sentencepiece_model(tmp_path_factory):
+    spm = pytest.importorskip("sentencepiece")
+    path = tmp_path_factory.mktemp("spm") / "sp"
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(line for text in train_texts()[:200] for line in text.splitlines()
+                               if line.strip()),
+        model_prefix=str(path), vocab_size=400, model_type="bpe", byte_fallback=True,
+        minloglevel=2,
+    )  # fmt: skip
+    return path.with_suffix(".model"), spm.SentencePieceProcessor(model_file=f"{path}.model")
+
+
+def test_a_sentencepiece_model_is_measured_as_sentencepiece_encodes(sentencepiece_model):
+    path, processor = sentencepiece_model
+    loaded = load_tokenizer(path)
+    assert loaded.kind == "sentencepiece" and loaded.vocab == 400
+    docs = _documents()
+    assert loaded.token_counts(docs) == [len(processor.encode(d)) for d in docs]
+    (point,) = measure([loaded], docs)
+    assert point.vocab == 400 and point.tokens == sum(len(processor.encode(d)) for d in docs)
+
+
+def test_a_sentencepiece_model_is_not_pruned(sentencepiece_model):
+    with pytest.raises(UserError, match="can be measured, not pruned"):
+        prune_texts(load_tokenizer(sentencepiece_model[0]), ["text"], 300, corpus="x")
+
+
+def test_without_sentencepiece_a_model_file_says_what_to_install(sentencepiece_model, monkeypatch):
+    real_import = builtins.__import__
+
+    def no_sentencepiece(name, *args, **kwargs):
+        if name == "sentencepiece":
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_sentencepiece)
+    with pytest.raises(UserError, match="install the sentencepiece package"):
+        load_tokenizer(sentencepiece_model[0])
+
+
+def test_binary_junk_is_one_error(tmp_path):
+    pytest.importorskip("sentencepiece")
+    (tmp_path / "junk.model").write_bytes(b"\xff\xfe\x00junk")
+    with pytest.raises(UserError, match="nor a SentencePiece model"):
+        load_tokenizer(tmp_path / "junk.model")
