@@ -248,6 +248,8 @@ class Base:
         kw = self.kw()
         if self.IMPL == "chunked":
             kw["blocks"] = {"block_v": 8}  # several tiles even at V = 37
+        if self.INTERPRET:  # interpreting pays per grid step: 10 row tiles, not 313
+            kw["blocks"] = {**kw["blocks"], "block_b": 2048}
         draw = jax.jit(lambda h, w: unembed.sample(h, w, jax.random.key(11), temperature, k, **kw))
         got = np.asarray(draw(h, w))
         counts = np.bincount(got, minlength=vocab)
