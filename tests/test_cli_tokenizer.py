@@ -68,6 +68,8 @@ def test_measure_feeds_sweep_and_the_curve_changes_its_answer(trained, tmp_path)
     def v_star(path):
         r = run(
             "sweep",
+            "--device",
+            "a10g",  # uncalibrated: no ensemble to compile, and the curve alone is under test
             "--compression",
             str(path),
             "--vocab",
