@@ -666,12 +666,20 @@ _pattern_option = click.option(
 @_corpus_options("heldout")
 @_pattern_option
 @click.option(
+    "--cut",
+    type=SizeList(VOCAB_RANGE),
+    help="Also measure each rank file (tiktoken, Tekken) cut to these sizes: its specials and "
+    "first ranks, the tokenizer its own training would have made at that size.",
+)
+@click.option(
     "--out",
     type=OutputFile(),
     help="Write the compression profile here (for sweep --compression).",
 )
 @format_option
-def tokenizer_measure(specs, corpus_spec, field, split, held_out, max_bytes, pattern, out, fmt):
+def tokenizer_measure(
+    specs, corpus_spec, field, split, held_out, max_bytes, pattern, cut, out, fmt
+):
     """Bytes and characters per token of each tokenizer on a corpus (held-out part by default).
 
     \b
@@ -679,19 +687,28 @@ def tokenizer_measure(specs, corpus_spec, field, split, held_out, max_bytes, pat
         python cli.py tokenizer measure --tokenizer tok --corpus builtin --out compression.json
         python cli.py tokenizer measure --tokenizer a/tokenizer.json \\
             --tokenizer cl100k_base.tiktoken --corpus docs/ --split all --format json
+        python cli.py tokenizer measure --tokenizer tekken.json --cut 32k,64k \\
+            --corpus builtin-prose --out tekken-curve.json   # V alone on Tekken's own data
     """
-    from vocabjax.vocab import compression_profile, curve_notes, load_tokenizers, measure
+    from vocabjax.vocab import compression_profile, curve_notes, cut_ranks, load_tokenizers, measure
     from vocabjax.vocab.measure import read_ahead
 
     corpus = _open_corpus(corpus_spec, field, held_out, max_bytes)
     texts = read_ahead(corpus.texts(split))  # a bad corpus fails before any tokenizer loads
     tokenizers = [t for spec in specs for t in load_tokenizers(spec, pattern=pattern)]
+    if cut:
+        ranked = [t for t in tokenizers if t.ranks is not None]
+        if not ranked:
+            raise UserError("--cut cuts rank files (tiktoken, Tekken); no tokenizer given is one")
+        tokenizers += [cut_ranks(t, v) for t in ranked for v in cut if v < t.vocab]
     label = corpus.describe(split)
     log(f"corpus: {label}; {len(tokenizers)} tokenizer(s)")
     points = measure(tokenizers, texts, progress=log)
     source = "tokenizer measure " + " ".join(f"--tokenizer {s}" for s in specs)
     if pattern is not None:
         source += f" --pattern {pattern}"
+    if cut:
+        source += " --cut " + ",".join(map(str, cut))
     source += f" --corpus {corpus_spec} --split {split}"
     profile = compression_profile(points, corpus=label, source=source)
     notes = curve_notes(points)

@@ -163,3 +163,29 @@ def test_binary_junk_is_one_error(tmp_path):
     (tmp_path / "junk.model").write_bytes(b"\xff\xfe\x00junk")
     with pytest.raises(UserError, match="nor a SentencePiece model"):
         load_tokenizer(tmp_path / "junk.model")
+
+
+def test_measure_cuts_a_rank_file_into_a_curve(tmp_path):
+    from click.testing import CliRunner
+
+    import cli
+
+    path = _tekken(tmp_path / "tekken.json", _ranks(2000), size=1500)
+    args = ["tokenizer", "measure", "--tokenizer", str(path), "--corpus", "builtin",
+            "--max-bytes", "256k", "--format", "json"]  # fmt: skip
+    result = CliRunner().invoke(cli.main, [*args, "--cut", "600,1000,4000"])
+    assert result.exit_code == 0, result.output
+    profile = json.loads(result.stdout)
+    points = profile["points"]
+    assert [p["vocab"] for p in points] == [600, 1000, 1500]  # 4000 is past the file: left out
+    packed = [p["bytes_per_token"] for p in points]
+    assert packed == sorted(packed) and packed[0] < packed[-1]
+    assert "--cut 600,1000,4000" in profile["source"]
+    level = tmp_path / "tokenizer.json"
+    level.write_text(json.dumps(nested().level(500)), encoding="utf-8")
+    refused = CliRunner().invoke(cli.main, [*args[:2], "--tokenizer", str(level), *args[4:],
+                                            "--cut", "300"])  # fmt: skip
+    assert refused.exit_code != 0
+    assert refused.output.strip().splitlines()[-1] == (
+        "Error: --cut cuts rank files (tiktoken, Tekken); no tokenizer given is one"
+    )
