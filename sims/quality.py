@@ -7,7 +7,8 @@ and the data behind them (sims/data/quality.json).
 Every figure comes from training runs (``vocabjax.train.train``) kept in ``--work``, one
 directory per run. A run whose training.json exists is read, not run again; a run stopped midway
 resumes from its checkpoint; so a stopped study resumes where it stopped. Progress and an ETA go
-to stderr. Parts:
+to stderr. Compiled programs are kept in ``--work``/jax-cache, so the seeds after the first of
+each configuration load theirs (a small run at 16k: 92 -> 84 s, measured 2026-12-05). Parts:
 
 1. bits per byte against V: ``--scales`` (tiny, small) on ``--corpora`` (builtin: code,
    builtin-prose: English prose), V in ``--vocab``, ``--seeds`` seeds; every run trains on the
@@ -876,10 +877,21 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return a
 
 
+def use_compile_cache(work: Path) -> None:
+    """Keep compiled programs in ``work/jax-cache`` (unless a cache is set already): the seeds
+    of one configuration and a resumed study load them instead of compiling again. The
+    programs are the same, so no figure changes; compiling is excluded from every timing."""
+    import jax
+
+    if jax.config.jax_compilation_cache_dir is None:
+        jax.config.update("jax_compilation_cache_dir", str(work / "jax-cache"))
+
+
 def main(argv: Sequence[str] | None = None, *, doc_writer: Callable = write_doc) -> int:
     a = parse(argv)
     study = Study(a, a.work)
     a.work.mkdir(parents=True, exist_ok=True)
+    use_compile_cache(a.work)
     try:
         parts = study.jobs()
         left, how = estimate(study, parts)
