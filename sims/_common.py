@@ -9,11 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
-# sims/compression.py would shadow the `compression` package that jax probes for zstd: take this
-# folder off the import path once _common is loaded, and put the checkout on it.
-_HERE = str(Path(__file__).resolve().parent)
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(_HERE)]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # the checkout's vocabjax, whichever folder the script runs from
 
 from vocabjax.outputs import atomic_write_text  # noqa: E402
 

@@ -7,7 +7,7 @@ default curve (Tao et al. 2024, SlimPajama: a different corpus). Where a corpus 
 --prune-from, that level is pruned to --prune-to on the train part and measured next to the
 level of the same size trained directly.
 
-    python sims/compression.py --corpus 'site-packages/**/*.py' --max-bytes 64m
+    python sims/compression_curves.py --corpus 'site-packages/**/*.py' --max-bytes 64m
 """
 
 from __future__ import annotations
@@ -20,11 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-# This file's name would shadow the `compression` package that jax probes for zstd: take sims/
-# off the import path before anything imports jax, and put the checkout on it.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-sys.path.insert(0, str(_HERE.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's vocabjax
 
 import numpy as np  # noqa: E402
 
@@ -229,7 +225,7 @@ def main() -> None:
     args = parser.parse_args()
     sizes = sorted(parse_size_list(args.vocab))
     prune_from, prune_to = parse_size(args.prune_from), parse_size(args.prune_to)
-    command = "python sims/compression.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    command = "python sims/compression_curves.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     runs = [(BUILTIN, parse_size(args.builtin_max_bytes))]
     runs += [(c, parse_size(args.max_bytes)) for c in args.corpus]
     results = [run_corpus(spec, cap, sizes, prune_from, prune_to) for spec, cap in runs]
