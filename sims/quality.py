@@ -8,7 +8,7 @@ Every figure comes from training runs (``vocabjax.train.train``) kept in ``--wor
 directory per run. A run whose training.json exists is read, not run again; a run stopped midway
 resumes from its checkpoint; so a stopped study resumes where it stopped. Progress and an ETA go
 to stderr. Compiled programs are kept in ``--work``/jax-cache, so the seeds after the first of
-each configuration load theirs (a small run at 16k: 92 -> 84 s, measured 2026-12-05). Parts:
+each configuration load theirs (a small run at 16k: 4-10% shorter, docs/benchmarks.md). Parts:
 
 1. bits per byte against V: ``--scales`` (tiny, small) on ``--corpora`` (builtin: code,
    builtin-prose: English prose), V in ``--vocab``, ``--seeds`` seeds; every run trains on the
@@ -504,9 +504,8 @@ def production_points(a, shipped: list[Path], heldout: list[str]):
     cuts = [
         cut_ranks(t, v)
         for t in unique
-        if t.ranks is not None
         for v in a.compression_vocab
-        if 256 + t.specials <= v < t.vocab
+        if v < t.vocab and t.can_cut_to(v)
     ]
     kept = [points[t.path] for t in unique]
     if cuts:

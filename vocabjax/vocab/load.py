@@ -133,6 +133,11 @@ class LoadedTokenizer:
             )
         return to_json(self.tokenizer)
 
+    def can_cut_to(self, vocab: int) -> bool:
+        """Whether ``cut_ranks`` can cut this tokenizer to ``vocab`` ids: a rank file, cut to
+        its specials and at least the 256 single bytes, and to no more ranks than it holds."""
+        return self.ranks is not None and 256 <= vocab - self.specials <= len(self.ranks)
+
     def token_counts(self, texts: list[str]) -> list[int]:
         """How many tokens each text encodes to, without special tokens."""
         if self.kind == "sentencepiece":
@@ -239,7 +244,10 @@ def load_tokenizer(path: str | os.PathLike, *, pattern: str | None = None) -> Lo
 
 def _tekken_data(text: str) -> dict[str, Any] | None:
     """The parsed file when ``text`` is a Tekken file (a ``config`` and a ``vocab`` of
-    ``token_bytes``), else None (it is read as a tokenizer.json)."""
+    ``token_bytes``), else None (it is read as a tokenizer.json, which then is not parsed twice:
+    one without the word ``token_bytes`` is no Tekken file)."""
+    if '"token_bytes"' not in text:
+        return None
     try:
         data = json.loads(text)
     except json.JSONDecodeError:
@@ -295,12 +303,12 @@ def cut_ranks(loaded: LoadedTokenizer, vocab: int) -> LoadedTokenizer:
     training would have made at that size: what V alone buys on the file's own data."""
     if loaded.ranks is None:
         raise UserError(f"{loaded.path} is not a rank file: only rank files can be cut")
-    keep = vocab - loaded.specials
-    if not 256 <= keep <= len(loaded.ranks):
+    if not loaded.can_cut_to(vocab):
         raise UserError(
             f"{loaded.path}: cannot cut to {vocab} (it holds {loaded.vocab} ids, "
             f"{loaded.specials} of them special)"
         )
+    keep = vocab - loaded.specials
     ranks = {t: r for t, r in loaded.ranks.items() if r < keep}
     where = f"{loaded.path} cut to {vocab}"
     tokenizer = tiktoken_to_hf(ranks, regex=pattern_regex(loaded.pattern), where=where)
