@@ -161,8 +161,9 @@ def _objective(cm: CostModel, cap_batch: bool, quality: Quality | None) -> Objec
         batch = jnp.asarray(batch, jnp.float32)
         lam = jnp.asarray(lam, jnp.float32)
         valid = jnp.ones(vocab.shape, bool)
+        at = jnp.arange(vocab.shape[0], dtype=jnp.int32)
         no_draws = lifecycle.no_draws()  # J alone: the band on the grid itself, no ensemble
-        return run(vocab, valid, batch, lam, vocab, valid, jnp.float32(0), no_draws)["j"]
+        return run(at, valid, batch, lam, vocab, valid, jnp.float32(0), no_draws)["j"]
 
     return j_grid
 

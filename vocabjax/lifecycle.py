@@ -329,10 +329,9 @@ def share_note(model: CostModel, draws: int) -> str:
 # ---- the sweep's grid function ---------------------------------------------------------------
 
 
-def _band(model, quality, cap_batch, v_fine, valid_fine, b, lam, j_star, tol):
-    """(v_low, v_high) [B, lam]: the smallest and largest V of the fine grid whose J is within
-    ``tol`` of ``j_star`` (+inf and -inf where no V is)."""
-    fine = cost_grid(model, v_fine, b, cap_batch=cap_batch)
+def _band(quality, fine, v_fine, valid_fine, lam, j_star, tol):
+    """(v_low, v_high) [B, lam]: the smallest and largest V of the fine grid (costs ``fine``)
+    whose J is within ``tol`` of ``j_star`` (+inf and -inf where no V is)."""
     allowed = allowed_vocab(quality, v_fine, valid_fine)
     j = objective_grid(fine.c_train, fine.c_infer, lam, allowed)
     in_band = jnp.isfinite(j) & (j <= j_star * (1.0 + tol))
@@ -341,31 +340,78 @@ def _band(model, quality, cap_batch, v_fine, valid_fine, b, lam, j_star, tol):
     return low, jnp.max(jnp.where(in_band, v_col, -jnp.inf), axis=0)
 
 
-def _v_star_share(model, cap_batch, v, b, lam, allowed, z):
+class _FamilyParts(NamedTuple):
+    """The costs as an affine function of the op families' time scales (``CostModel.scaled``):
+    every priced second belongs to one family, so at scales ``s`` [F]
+
+        c(s) = base + sum_f s_f part_f
+
+    with ``base`` the costs at all scales 0 (what no family scales: a measured training
+    profile) and ``part_f`` what family f adds at scale 1. ``part`` is 0 where ``base`` is
+    inf (not one sequence fits)."""
+
+    base_train: Any  # [V]
+    base_infer: Any  # [V, B]
+    part_train: Any  # [F, V]
+    part_infer: Any  # [F, V, B]
+
+    def at(self, s):
+        """(c_train [V], c_infer [V, B]) at scales ``s`` [F]."""
+        return self.base_train + s @ self.part_train, self.base_infer + jnp.einsum(
+            "f,fvb->vb", s, self.part_infer
+        )
+
+
+def _costs_and_parts(model, v, b, *, cap_batch) -> tuple[PointCost, _FamilyParts]:
+    """``cost_grid`` of ``model`` and its ``_FamilyParts``, from one ``cost_grid`` vmapped over
+    the scale vectors ones (the model as it is: its costs, unchanged), zeros and the unit
+    vectors, so that the program holds one copy of the cost formulas."""
+    n = len(OP_FAMILIES)
+    rows = jnp.concatenate([jnp.ones((1, n)), jnp.zeros((1, n)), jnp.eye(n)])
+
+    def at(s):
+        scales = {f: s[i] for i, f in enumerate(OP_FAMILIES)}
+        return cost_grid(model.scaled(scales), v, b, cap_batch=cap_batch)
+
+    costs = jax.vmap(at)(rows)
+
+    def parts(c):  # c [2 + F, ...]: ones, zeros, units
+        return jnp.where(jnp.isfinite(c[1]), c[2:] - c[1], 0.0)
+
+    fam = _FamilyParts(costs.c_train[1], costs.c_infer[1], parts(costs.c_train),
+                       parts(costs.c_infer))  # fmt: skip
+    return jax.tree.map(lambda x: x[0], costs), fam
+
+
+def _v_star_share(parts: _FamilyParts, sd, lam, allowed, z):
     """[V, B, lam] share of the perturbed profiles (one row of ``z`` each, standard normal per
-    op family, scaled by the calibration's residual spread) whose V* is each V."""
-    sd = model.device.residual_sd
+    op family, scaled by the calibration's residual spread ``sd``) whose V* is each V."""
 
     def draw(zk):
-        scales = dict(zip(OP_FAMILIES, jnp.exp(sd * zk), strict=True))
-        cost = cost_grid(model.scaled(scales), v, b, cap_batch=cap_batch)
-        return _argmin_v(objective_grid(cost.c_train, cost.c_infer, lam, allowed))
+        c_train, c_infer = parts.at(jnp.exp(sd * zk))
+        return _argmin_v(objective_grid(c_train, c_infer, lam, allowed))
 
     picks = jax.lax.map(draw, z, batch_size=DRAW_CHUNK)  # [N, B, lam]
-    hits = picks[None] == jnp.arange(v.shape[0])[:, None, None, None]
+    hits = picks[None] == jnp.arange(allowed.shape[0])[:, None, None, None]
     return jnp.mean(hits, axis=1, dtype=jnp.float32)
 
 
-def _sweep_grid(model, v, valid, b, lam, v_fine, valid_fine, tol, z, *, cap_batch, quality):
+def _sweep_grid(model, at, valid, b, lam, v_fine, valid_fine, tol, z, *, cap_batch, quality):
     """The whole sweep of one grid as arrays (``grid_function`` jits it): the costs, V*, its
     band on ``v_fine``, break-even lambda, the KV plan, ``j`` [V, B, lam] and, when ``z`` has
-    rows, the ensemble's ``v_star_share``. V* indices are -1 where no V is allowed."""
-    cost = cost_grid(model, v, b, cap_batch=cap_batch)
-    allowed = allowed_vocab(quality, v, valid)
+    rows, the ensemble's ``v_star_share``. The grid's V are ``v_fine[at]``: the band's grid
+    holds every V of the grid (``fine_vocab``), so the costs are evaluated once, on it. V*
+    indices (into ``at``) are -1 where no V is allowed."""
+    if z.shape[0]:
+        fine, parts = _costs_and_parts(model, v_fine, b, cap_batch=cap_batch)
+    else:
+        fine, parts = cost_grid(model, v_fine, b, cap_batch=cap_batch), None
+    cost = jax.tree.map(lambda x: x[at], fine)
+    allowed = allowed_vocab(quality, v_fine[at], valid)
     j = objective_grid(cost.c_train, cost.c_infer, lam, allowed)  # [V, B, lam]
     j_star = jnp.min(j, axis=0)
     v_train = train_optimum(cost.c_train, allowed)
-    v_low, v_high = _band(model, quality, cap_batch, v_fine, valid_fine, b, lam, j_star, tol)
+    v_low, v_high = _band(quality, fine, v_fine, valid_fine, lam, j_star, tol)
     out = dict(
         c_train=cost.c_train,
         c_infer=cost.c_infer,
@@ -383,8 +429,10 @@ def _sweep_grid(model, v, valid, b, lam, v_fine, valid_fine, tol, z, *, cap_batc
         v_high=v_high,
         j=j,  # [V, B, lam], inf where V is not allowed
     )
-    if z.shape[0]:
-        out["v_star_share"] = _v_star_share(model, cap_batch, v, b, lam, allowed, z)
+    if parts is not None:
+        main = _FamilyParts(parts.base_train[at], parts.base_infer[at], parts.part_train[:, at],
+                            parts.part_infer[:, at])  # fmt: skip
+        out["v_star_share"] = _v_star_share(main, model.device.residual_sd, lam, allowed, z)
     return out
 
 
@@ -412,7 +460,8 @@ def jitted(fn: Callable, model: CostModel, **options):
 
 def grid_function(model: CostModel, *, cap_batch: bool, quality: Quality | None):
     """The sweep's jitted whole-grid function for ``model`` (``_sweep_grid``), compiled once per
-    model and options: ``f(v, valid, b, lam, v_fine, valid_fine, tol, z) -> dict``."""
+    model and options: ``f(at, valid, b, lam, v_fine, valid_fine, tol, z) -> dict``, the grid's V
+    being ``v_fine[at]``."""
     return jitted(_sweep_grid, model, cap_batch=cap_batch, quality=quality)
 
 
@@ -422,14 +471,16 @@ def no_draws() -> np.ndarray:
 
 
 def _grid_args(grid: Grid, devices: Sequence[jax.Device], tolerance: float, draws: int):
-    """The grid function's arguments for ``grid``, on ``devices``: both V axes padded to a
-    multiple of the device count and sharded over the devices, the rest replicated."""
+    """The grid function's arguments for ``grid``, on ``devices``: both V axes (the grid's as
+    indices into the band's) padded to a multiple of the device count and sharded over the
+    devices, the rest replicated."""
     v_pad, valid = _padded(grid.vocab, len(devices))
     f_pad, valid_f = _padded(fine_vocab(grid.vocab), len(devices))
+    at = np.searchsorted(f_pad, v_pad).astype(np.int32)  # f_pad holds every V of the grid
     z = np.random.default_rng(ENSEMBLE_SEED).standard_normal((draws, len(OP_FAMILIES)))
     b = np.asarray(grid.batch, np.float32)
     lam = np.asarray(grid.lam, np.float32)
-    host = (v_pad, valid, b, lam, f_pad, valid_f, np.float32(tolerance), z.astype(np.float32))
+    host = (at, valid, b, lam, f_pad, valid_f, np.float32(tolerance), z.astype(np.float32))
     if len(devices) == 1:
         return tuple(jax.device_put(x, devices[0]) for x in host)
     mesh = Mesh(np.asarray(devices), ("v",))
