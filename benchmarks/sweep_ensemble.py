@@ -1,21 +1,22 @@
 """A calibrated sweep (V*, its band and the v_star_share ensemble): the grid function as
-``lifecycle`` writes it against the formulation it replaced, side by side in one process.
+``lifecycle`` writes it against the straightforward one, side by side in one process.
 
     python benchmarks/sweep_ensemble.py [--device a100-80gb] [--model paper-1.5b] [--repeats 3]
 
 Both compute the same outputs from the same per-point cost function (``lifecycle.cost_grid``):
 
-- baseline: the cost grid evaluated three times in the program: on the grid, on the band's fine
-  grid, and once per ensemble draw (a profile with each op family's time scaled), as the sweep
-  did up to 2026-12-05;
+- baseline: the straightforward program, the cost grid evaluated three times: on the grid, on
+  the band's fine grid, and once per ensemble draw (a profile with each op family's time
+  scaled);
 - lifecycle: one evaluation, on the fine grid (which holds every V of the grid), vmapped over
   the scale vectors ones, zeros and the unit vectors; the ensemble then reads each draw's costs
   as an affine function of its scales (``lifecycle._FamilyParts``).
 
-Prints, for the default grid and a larger one, on a calibrated profile (with the ensemble) and an
-uncalibrated one (V* and the band only: the baseline evaluates the costs twice, lifecycle
-once), the trace + compile time and the warm call time of each and their ratios, and compares the outputs: V* and the band, and the ensemble's
-shares (the two round each draw's costs differently, so a draw near a tie may pick another V).
+Prints, for the default grid and a larger one, on a calibrated profile (with the ensemble) and
+an uncalibrated one (V* and the band only: the baseline evaluates the costs twice, lifecycle
+once), the trace + compile time and the warm call time of each and their ratios, and compares
+the outputs: V* and the band, and the ensemble's shares (the two round each draw's costs
+differently, so a draw near a tie may pick another V).
 """
 
 from __future__ import annotations

@@ -217,15 +217,7 @@ class RunningBatch:
             return [], [], []
         if n > self.room:
             raise ValueError(f"{n} requests join a batch with room for {self.room}")
-        calls = []
-        need = self.live + n
-        started = time.perf_counter()
-        compiled = 0.0
-        if self._state is None:
-            compiled = self._start(pow2_rows(need, self.max_rows))
-        elif need > self.rows:
-            calls.append(self._regroup(pow2_rows(need, self.max_rows)))
-            started = time.perf_counter()
+        calls, compiled, started = self._make_room(self.live + n)
         running = self.live
         free = [r for r, row in enumerate(self._rows) if row is None][:n]
         ids_nt, lengths_n, keys_n, limits_n, bucket = _padded(joining, config.max_seq)
@@ -269,6 +261,15 @@ class RunningBatch:
             Call("join", head, self.rows, running, seconds, compiled, joined=n, bucket=bucket)
         )
         return joined, finished, calls + self._shrink()
+
+    def _make_room(self, need: int) -> tuple[list[Call], float, float]:
+        """Rows for ``need`` requests: the first carry, or a larger one. The regrouping call
+        made, the compile seconds of a first carry, and when the join's own time starts."""
+        if self._state is None:
+            started = time.perf_counter()
+            return [], self._start(pow2_rows(need, self.max_rows)), started
+        calls = [self._regroup(pow2_rows(need, self.max_rows))] if need > self.rows else []
+        return calls, 0.0, time.perf_counter()
 
     def advance(self, max_steps: int) -> tuple[list[Finished], list[Call]]:
         """At most ``max_steps`` decode steps on the device, ending early at the step where a

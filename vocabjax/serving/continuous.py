@@ -145,12 +145,32 @@ class Continuous:
         joining = [Joining(i, self.ids(i, head), self.limit(i), self.key(i)) for i in admitted]
         joined, finished, calls = batch.join(joining, head)
         self._charge(calls)
-        join = next(c for c in calls if c.kind == "join")
         bpbs = [
             self._hold(j, kv, route, k, start, running)
             for j, kv in zip(joined, need[:n], strict=True)
         ]
-        choice = self.engine.impl_choice(head, config.sampling, join.rows)
+        self._record_admission(k, start, calls, route, n, sum(bpbs) / n, running, batch, place)
+        if wait == "memory":  # said once the others have joined: what they hold
+            self._wait_for_memory(list(self.waiting), head, need[n], alone=False)
+        self._finish(finished)
+        if (k + 1) % config.progress_every == 0:
+            self.log(self.record.progress_line(len(self.queue), self.now))
+
+    def _record_admission(
+        self,
+        k: int,
+        start: float,
+        calls: Sequence[Call],
+        route: RoutedBatch,
+        n: int,
+        mean_bpb: float,
+        running: int,
+        batch: RunningBatch,
+        place: Placement,
+    ) -> None:
+        """Admission ``k``: ``n`` requests joined ``batch`` at ``route``'s head by ``calls``."""
+        join = next(c for c in calls if c.kind == "join")
+        choice = self.engine.impl_choice(route.head, self.config.sampling, join.rows)
         self.record.batches.append(
             ServedBatch(
                 index=k,
@@ -162,11 +182,11 @@ class Continuous:
                 bucket=join.bucket,
                 routed_head=route.routed.vocab,
                 offset=route.offset,
-                head=head,
+                head=route.head,
                 impl=choice.impl,
                 impl_reason=choice.reason,
                 new_tokens=0,  # known once its requests stop (``result``)
-                mean_bpb=sum(bpbs) / n,
+                mean_bpb=mean_bpb,
                 running=running,
                 kv_bytes=self.kv_bytes,
                 group=self.numbers[batch],
@@ -174,11 +194,6 @@ class Continuous:
                 grouping=place.reason,
             )
         )
-        if wait == "memory":  # said once the others have joined: what they hold
-            self._wait_for_memory(list(self.waiting), head, need[n], alone=False)
-        self._finish(finished)
-        if (k + 1) % config.progress_every == 0:
-            self.log(self.record.progress_line(len(self.queue), self.now))
 
     def _hold(
         self, j: Joined, kv: int, route: RoutedBatch, k: int, start: float, running: int
