@@ -136,6 +136,25 @@ def test_plan_prices_each_class_as_the_sweep_prices_its_batch():
     np.testing.assert_array_equal(p.b_max[:, 0], res.b_max)
 
 
+def test_a_class_with_its_own_bytes_is_priced_as_a_model_with_them():
+    """The plan prices every class in one vmapped call (``CostModel.with_io``): a class's
+    S_in and S_out cost what a model with those settings costs, the other class the model's."""
+    cm = _model(prompt_bytes=2000.0)
+    workload = parse_workload("a:b=1:share=0.5,b:b=64:share=0.5:in=100:out=50")
+    p = make_plan(cm, DEFAULT_VOCAB, workload, 100.0)
+    for c, (model, batch) in enumerate(
+        [(cm, 1.0), (_model(prompt_bytes=100.0, output_bytes=50.0), 64.0)]
+    ):
+        for i, v in enumerate(DEFAULT_VOCAB):
+            b_max = model.b_max(float(v), xp=PyMath)
+            want = model.c_infer(float(v), min(batch, b_max), xp=PyMath)
+            assert p.c_infer[i, c] == pytest.approx(want, rel=1e-5), (c, v)
+            assert p.b_max[i, c] == pytest.approx(b_max, rel=1e-6)
+            assert p.kv_bytes_per_seq[i, c] == pytest.approx(
+                model.kv_bytes_per_seq(float(v), xp=PyMath), rel=1e-6
+            )
+
+
 @pytest.mark.slow
 def test_plan_compiles_once_per_model_and_options(monkeypatch):
     from vocabjax import planning

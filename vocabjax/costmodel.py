@@ -219,6 +219,8 @@ class CostModel:
         self.a = float(BYTES_PER_ELEMENT[s.act_dtype])
         self.measured_unembed = MeasuredUnembed.from_profile(device, shape.d_model, s.weight_dtype)
         self.op_scale: Mapping[str, Any] = {}  # family -> time multiplier (see ``scaled``)
+        self.prompt_bytes: Any = s.prompt_bytes  # S_in and S_out: the settings', or a traffic
+        self.output_bytes: Any = s.output_bytes  # class's own (``with_io``), maybe traced
 
     def scaled(self, scales: Mapping[str, Any]) -> CostModel:
         """This model with the time of each family in ``scales`` (``OP_FAMILIES``) multiplied
@@ -229,6 +231,14 @@ class CostModel:
             raise ValueError(f"unknown op families {sorted(unknown)}; known: {OP_FAMILIES}")
         out = copy.copy(self)
         out.op_scale = {**self.op_scale, **scales}
+        return out
+
+    def with_io(self, prompt_bytes, output_bytes) -> CostModel:
+        """This model serving sequences of ``prompt_bytes`` in and ``output_bytes`` out (S_in,
+        S_out) instead of the settings'; values may be traced arrays, so the traffic classes of
+        a plan are one ``vmap`` (planning's ``_plan_grid``). Not checked: the caller's are."""
+        out = copy.copy(self)
+        out.prompt_bytes, out.output_bytes = prompt_bytes, output_bytes
         return out
 
     def _times(self, times: Mapping[str, OpTime]) -> dict[str, OpTime]:
@@ -385,21 +395,19 @@ class CostModel:
     def mean_context(self, vocab, *, xp=jnp):
         """Mean context over a generation: T runs from S_in/beta to (S_in + S_out)/beta, and a
         step's time is linear in T, so the mean step is the step at the midpoint."""
-        s = self.settings
-        return (s.prompt_bytes + 0.5 * s.output_bytes) / self.beta(vocab, xp=xp)
+        return (self.prompt_bytes + 0.5 * self.output_bytes) / self.beta(vocab, xp=xp)
 
     def c_infer(self, vocab, batch, *, xp=jnp):
         """Seconds per served byte at batch ``batch``: mean decode step / (B beta(V)), plus the
         prompt prefill spread over the output bytes when ``include_prefill``."""
-        s = self.settings
         beta = self.beta(vocab, xp=xp)
         cost = self.decode_step(vocab, batch, self.mean_context(vocab, xp=xp), xp=xp) / (
             batch * beta
         )
-        if s.include_prefill and s.prompt_bytes > 0:
-            cost = cost + self.prefill_time(vocab, batch, s.prompt_bytes / beta, xp=xp) / (
-                batch * s.output_bytes
-            )
+        if self.settings.include_prefill:  # none to charge for an empty prompt
+            prompt = self.prompt_bytes
+            prefill = self.prefill_time(vocab, batch, prompt / beta, xp=xp)
+            cost = cost + xp.where(prompt > 0, prefill / (batch * self.output_bytes), 0.0)
         return cost
 
     def train_flops_per_token(self, vocab):
@@ -454,8 +462,7 @@ class CostModel:
     # ---- memory ------------------------------------------------------------------------------
     def kv_bytes_per_seq(self, vocab, *, xp=jnp):
         """((S_in + S_out) / beta) 2 L K Dh k."""
-        s = self.settings
-        tokens = (s.prompt_bytes + s.output_bytes) / self.beta(vocab, xp=xp)
+        tokens = (self.prompt_bytes + self.output_bytes) / self.beta(vocab, xp=xp)
         return tokens * float(self.shape.kv_elements_per_token) * self.k
 
     def weight_bytes(self, vocab):

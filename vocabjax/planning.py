@@ -193,16 +193,6 @@ class Plan:
         return min(batch, b_max) if self.capped else batch
 
 
-def _with_bytes(model: CostModel, prompt_bytes: float | None, output_bytes: float | None):
-    """``model`` with a traffic class's own S_in and S_out (None: the model's setting)."""
-    s = dataclasses.replace(
-        model.settings,
-        prompt_bytes=model.settings.prompt_bytes if prompt_bytes is None else prompt_bytes,
-        output_bytes=model.settings.output_bytes if output_bytes is None else output_bytes,
-    )
-    return CostModel(model.device, model.shape, s, model.compression, model.training)
-
-
 def _head_sets(j_hc, masks_sv, share_c):
     """Every head set at once: J [S] (the share-weighted J of each class's best head in the set;
     inf where a head serves nothing, which is the smaller set plus dead weight), the head each
@@ -215,23 +205,28 @@ def _head_sets(j_hc, masks_sv, share_c):
     return j_set, route_sc, jnp.sum(masks_sv, axis=1)
 
 
-def _plan_grid(
-    model, v, masks_sv, route_b, batch_c, share_c, lam, *, class_bytes, cap_batch, quality
-):
+def _plan_grid(model, v, masks_sv, route_b, batch_c, share_c, io_c, lam, *, cap_batch, quality):
     """Everything ``make_plan`` reads, as arrays: the costs of each V for each traffic class
-    (at its batch, with its S_in and S_out from ``class_bytes``) and for the batch ladder
+    (at its batch, with its S_in and S_out, ``io_c`` [C, 2]) and for the batch ladder
     ``route_b`` (with the model's own settings), J of every single V and every head set, the
     routes, break-even lambda on the mixed workload and the KV plan. Jitted once per model and
-    options (``jitted``); the workload's batches and shares and lambda are arguments."""
+    options (``jitted``); the workload's batches, bytes and shares and lambda are arguments.
+    The costs are one ``cost_grid`` vmapped over the model's and each class's bytes, at every
+    batch of the ladder and the classes, so that the program holds one copy of the formulas."""
     lam_l = lam[None]
     allowed = allowed_vocab(quality, v, jnp.ones(v.shape, bool))
-    ladder = cost_grid(model, v, route_b, cap_batch=cap_batch)
-    per_class = [
-        cost_grid(_with_bytes(model, *io), v, batch_c[c : c + 1], cap_batch=cap_batch)
-        for c, io in enumerate(class_bytes)
-    ]
-    c_train = ladder.c_train
-    c_inf = jnp.concatenate([p.c_infer for p in per_class], axis=1)  # [V, C]
+    base = jnp.asarray([[model.prompt_bytes, model.output_bytes]], jnp.float32)
+    ios = jnp.concatenate([base, io_c])  # [1 + C, 2]: the ladder's bytes, then each class's
+    n_route, n_class = route_b.shape[0], batch_c.shape[0]
+    batches = jnp.concatenate([route_b, batch_c])
+
+    def at(io):
+        return cost_grid(model.with_io(io[0], io[1]), v, batches, cap_batch=cap_batch)
+
+    cost = jax.vmap(at)(ios)  # fields [1 + C, V] or [1 + C, V, R + C]
+    c_train = cost.c_train[0]
+    classes = jnp.arange(n_class)
+    c_inf = cost.c_infer[1 + classes, :, n_route + classes].T  # [V, C]: each class at its batch
     c_mix = jnp.sum(c_inf * share_c[None, :], axis=1)
     j_set, route_sc, n_heads = _head_sets(
         objective_grid(c_train, c_inf, lam_l, allowed)[:, :, 0], masks_sv, share_c
@@ -245,13 +240,13 @@ def _plan_grid(
         j_set=j_set,
         n_heads=n_heads,
         route_sc=route_sc,
-        j_route=objective_grid(c_train, ladder.c_infer, lam_l, allowed)[:, :, 0],
+        j_route=objective_grid(c_train, cost.c_infer[0, :, :n_route], lam_l, allowed)[:, :, 0],
         v_train=v_train,
         be=break_even_vs(c_train, c_mix, v_train, allowed),
-        b_max=jnp.stack([p.b_max for p in per_class], axis=1),
-        kv=jnp.stack([p.kv_bytes_per_seq for p in per_class], axis=1),
+        b_max=cost.b_max[1:].T,
+        kv=cost.kv_bytes_per_seq[1:].T,
         allowed=allowed,
-        route_b_max=ladder.b_max,
+        route_b_max=cost.b_max[0],
     )
 
 
@@ -274,14 +269,20 @@ def make_plan(
         raise UserError(f"lambda must be a finite number >= 0, got {lam}")
     classes = tuple(classes)
     masks = subset_masks(len(vocab), max_heads)
-    class_bytes = tuple((c.prompt_bytes, c.output_bytes) for c in classes)
-    fn = jitted(_plan_grid, model, class_bytes=class_bytes, cap_batch=cap_batch, quality=quality)
+    s = model.settings
+    io = [
+        [s.prompt_bytes if c.prompt_bytes is None else c.prompt_bytes,
+         s.output_bytes if c.output_bytes is None else c.output_bytes]
+        for c in classes
+    ]  # fmt: skip
+    fn = jitted(_plan_grid, model, cap_batch=cap_batch, quality=quality)
     out = fn(
         jnp.asarray(vocab, jnp.float32),
         jnp.asarray(masks),
         jnp.asarray(ROUTE_BATCHES, jnp.float32),
         jnp.asarray([c.batch for c in classes], jnp.float32),
         jnp.asarray([c.share for c in classes], jnp.float32),
+        jnp.asarray(io, jnp.float32),
         jnp.float32(lam),
     )
     return _plan(vocab, classes, float(lam), masks, jax.device_get(out), capped=cap_batch)

@@ -1,7 +1,9 @@
-"""A calibrated sweep (V*, its band and the v_star_share ensemble): the grid function as
-``lifecycle`` writes it against the straightforward one, side by side in one process.
+"""The sweep's and the plan's grid programs, each against the straightforward program that
+evaluates the cost formulas once per use, side by side in one process.
 
-    python benchmarks/sweep_ensemble.py [--device a100-80gb] [--model paper-1.5b] [--repeats 3]
+    python benchmarks/grid_compile.py [--device a100-80gb] [--model paper-1.5b] [--repeats 3]
+
+The sweep (V*, its band and, on a calibrated profile, the v_star_share ensemble):
 
 Both compute the same outputs from the same per-point cost function (``lifecycle.cost_grid``):
 
@@ -12,16 +14,24 @@ Both compute the same outputs from the same per-point cost function (``lifecycle
   the scale vectors ones, zeros and the unit vectors; the ensemble then reads each draw's costs
   as an affine function of its scales (``lifecycle._FamilyParts``).
 
-Prints, for the default grid and a larger one, on a calibrated profile (with the ensemble) and
-an uncalibrated one (V* and the band only: the baseline evaluates the costs twice, lifecycle
-once), the trace + compile time and the warm call time of each and their ratios, and compares
-the outputs: V* and the band, and the ensemble's shares (the two round each draw's costs
-differently, so a draw near a tie may pick another V).
+The plan (``planning._plan_grid``: the best single V and head set of a mixed workload): the
+baseline evaluates the cost grid for the batch ladder and again for each traffic class, a model
+with the class's own S_in and S_out; planning evaluates it once, vmapped over the model's and
+the classes' bytes (``CostModel.with_io``), at every batch of the ladder and the classes.
+
+Prints, for the sweep on the default grid and a larger one, on a calibrated profile (with the
+ensemble) and an uncalibrated one (V* and the band only: the baseline evaluates the costs twice,
+lifecycle once), and for the plan of a two- and a three-class workload on the calibrated
+profile, the trace + compile time and the warm call time of each and their ratios, and compares
+the outputs: V*, the band and the ensemble's shares (the two round each draw's costs
+differently, so a draw near a tie may pick another V); the plan's routes, best head set and
+costs.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import os
 import sys
@@ -35,8 +45,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from benchmarks._report import header  # noqa: E402
-from vocabjax import api, lifecycle  # noqa: E402
-from vocabjax.costmodel import OP_FAMILIES  # noqa: E402
+from vocabjax import api, lifecycle, planning  # noqa: E402
+from vocabjax.costmodel import OP_FAMILIES, CostModel  # noqa: E402
 from vocabjax.lifecycle import (  # noqa: E402
     DRAW_CHUNK,
     Grid,
@@ -46,6 +56,7 @@ from vocabjax.lifecycle import (  # noqa: E402
     cost_grid,
     objective_grid,
 )
+from vocabjax.planning import ROUTE_BATCHES, _head_sets, parse_workload, subset_masks  # noqa: E402
 
 
 def baseline_grid(model, v, valid, b, lam, v_fine, valid_fine, tol, z, *, cap_batch, quality):
@@ -111,6 +122,62 @@ def row(name: str, cm, grid: Grid, repeats: int) -> str:
     )
 
 
+def baseline_plan(model, v, masks_sv, route_b, batch_c, share_c, lam, *, class_bytes):
+    """What the plan comparison reads, as the straightforward program computes it: the cost
+    grid of the batch ladder, then one per traffic class, each a model with its own bytes."""
+    ladder = cost_grid(model, v, route_b, cap_batch=True)
+    allowed = allowed_vocab(None, v, jnp.ones(v.shape, bool))
+    per_class = []
+    for c, (prompt, output) in enumerate(class_bytes):
+        s = dataclasses.replace(model.settings, prompt_bytes=prompt, output_bytes=output)
+        own = CostModel(model.device, model.shape, s, model.compression, model.training)
+        per_class.append(cost_grid(own, v, batch_c[c : c + 1], cap_batch=True).c_infer)
+    c_inf = jnp.concatenate(per_class, axis=1)
+    j_hc = objective_grid(ladder.c_train, c_inf, lam[None], allowed)[:, :, 0]
+    j_set, route_sc, _ = _head_sets(j_hc, masks_sv, share_c)
+    j_route = objective_grid(ladder.c_train, ladder.c_infer, lam[None], allowed)[:, :, 0]
+    return dict(c_inf=c_inf, j_set=j_set, route_sc=route_sc, j_route=j_route)
+
+
+def _largest_relative_difference(old, new) -> float:
+    """max |new / old - 1| over the finite, non-zero entries of ``old``."""
+    old, new = np.asarray(old, np.float64), np.asarray(new, np.float64)
+    ok = np.isfinite(old) & (old != 0)
+    return float(np.max(np.abs(new[ok] / old[ok] - 1), initial=0.0))
+
+
+def plan_row(cm, workload: str, repeats: int) -> str:
+    """One table row: both plan programs compiled and called for ``workload`` at lambda 100."""
+    classes = parse_workload(workload)
+    vocab = lifecycle.DEFAULT_VOCAB
+    masks = subset_masks(len(vocab), 3)
+    s = cm.settings
+    io = [(s.prompt_bytes if c.prompt_bytes is None else c.prompt_bytes,
+           s.output_bytes if c.output_bytes is None else c.output_bytes) for c in classes]  # fmt: skip
+    common = (
+        jnp.asarray(vocab, jnp.float32), jnp.asarray(masks),
+        jnp.asarray(ROUTE_BATCHES, jnp.float32),
+        jnp.asarray([c.batch for c in classes], jnp.float32),
+        jnp.asarray([c.share for c in classes], jnp.float32),
+    )  # fmt: skip
+    lam = jnp.float32(100.0)
+    old_fn = functools.partial(baseline_plan, cm, class_bytes=tuple(io))
+    new_fn = functools.partial(planning._plan_grid, cm, cap_batch=True, quality=None)
+    c_old, t_old, o_old = timed(old_fn, (*common, lam), repeats)
+    c_new, t_new, o_new = timed(new_fn, (*common, jnp.asarray(io, jnp.float32), lam), repeats)
+    same = np.array_equal(o_old["route_sc"], o_new["route_sc"]) and np.array_equal(
+        np.argmin(o_old["j_set"]), np.argmin(o_new["j_set"])
+    )
+    rel = max(
+        _largest_relative_difference(o_old[k], o_new[k]) for k in ("c_inf", "j_set", "j_route")
+    )
+    agree = f"{'routes and best set equal' if same else 'routes DIFFER'}; costs within {rel:.1e}"
+    return (
+        f"| plan, {len(classes)} classes | {c_old:.2f} s | {1e3 * t_old:.1f} ms | {c_new:.2f} s "
+        f"| {1e3 * t_new:.1f} ms | {c_old / c_new:.2f}x | {t_old / t_new:.2f}x | {agree} |"
+    )
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="a100-80gb", help="a calibrated profile")
@@ -138,6 +205,15 @@ def main(argv=None) -> None:
         (args.plain_device, plain, large),
     ):
         print(row(name, model, grid, args.repeats), flush=True)
+    print()
+    print("| program | baseline: compile | call | planning: compile | call | compile ratio "
+          "| call ratio | outputs |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    for workload in (
+        "edge:b=1:share=0.5,dc:b=256:share=0.5",
+        "a:b=1:share=0.3,b:b=16:share=0.3,c:b=256:share=0.4:in=512:out=64",
+    ):
+        print(plan_row(cm, workload, args.repeats), flush=True)
 
 
 if __name__ == "__main__":
