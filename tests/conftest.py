@@ -20,6 +20,11 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+    # JAX writes an entry without a lock: one read while another process writes it warns and
+    # compiles instead (pyproject's filterwarnings says why); the tests' CLI subprocesses too.
+    _quiet = "ignore:Error reading persistent compilation cache entry:UserWarning"
+    _before = os.environ.get("PYTHONWARNINGS")
+    os.environ["PYTHONWARNINGS"] = f"{_before},{_quiet}" if _before else _quiet
 
 _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
