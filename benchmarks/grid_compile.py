@@ -22,7 +22,8 @@ the classes' bytes (``CostModel.with_io``), at every batch of the ladder and the
 Prints, for the sweep on the default grid and a larger one, on a calibrated profile (with the
 ensemble) and an uncalibrated one (V* and the band only: the baseline evaluates the costs twice,
 lifecycle once), and for the plan of a two- and a three-class workload on the calibrated
-profile, the trace + compile time and the warm call time of each and their ratios, and compares
+profile, the trace + compile time and the warm call time of each (``vocabjax.timing``: the two
+programs called round-robin, the median of ``--repeats`` rounds) and their ratios, and compares
 the outputs: V*, the band and the ensemble's shares (the two round each draw's costs
 differently, so a draw near a tie may pick another V); the plan's routes, best head set and
 costs.
@@ -36,6 +37,7 @@ import functools
 import os
 import sys
 import time
+from typing import Any
 
 import numpy as np
 
@@ -57,6 +59,7 @@ from vocabjax.lifecycle import (  # noqa: E402
     objective_grid,
 )
 from vocabjax.planning import ROUTE_BATCHES, _head_sets, parse_workload, subset_masks  # noqa: E402
+from vocabjax.timing import TimingSettings, time_interleaved  # noqa: E402
 
 
 def baseline_grid(model, v, valid, b, lam, v_fine, valid_fine, tol, z, *, cap_batch, quality):
@@ -82,18 +85,22 @@ def baseline_grid(model, v, valid, b, lam, v_fine, valid_fine, tol, z, *, cap_ba
     return {**out, "v_star_share": jnp.mean(hits, axis=1, dtype=jnp.float32)}
 
 
-def timed(fn, args, repeats: int) -> tuple[float, float, dict]:
-    """(trace + compile seconds, median warm call seconds, outputs) of ``jax.jit(fn)``."""
+def compiled(fn, args) -> tuple[Any, float]:
+    """``jax.jit(fn)`` compiled for ``args``, and its trace + lower + compile seconds."""
     t0 = time.perf_counter()
-    compiled = jax.jit(fn).lower(*args).compile()
-    t_compile = time.perf_counter() - t0
-    out = jax.block_until_ready(compiled(*args))
-    calls = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        calls.append(time.perf_counter() - t0)
-    return t_compile, float(np.median(calls)), jax.device_get(out)
+    out = jax.jit(fn).lower(*args).compile()
+    return out, time.perf_counter() - t0
+
+
+def side_by_side(old_fn, old_args, new_fn, new_args, repeats: int):
+    """Both programs compiled, then timed round-robin (``vocabjax.timing.time_interleaved``):
+    (compile seconds, median call seconds, outputs) of the baseline, then of the new one."""
+    old, c_old = compiled(old_fn, old_args)
+    new, c_new = compiled(new_fn, new_args)
+    calls = [lambda: old(*old_args), lambda: new(*new_args)]
+    t_old, t_new = time_interleaved(calls, [()], TimingSettings(warmup=2, repeats=repeats))
+    o_old, o_new = jax.device_get((old(*old_args), new(*new_args)))
+    return (c_old, t_old, o_old), (c_new, t_new, o_new)
 
 
 def row(name: str, cm, grid: Grid, repeats: int) -> str:
@@ -105,8 +112,10 @@ def row(name: str, cm, grid: Grid, repeats: int) -> str:
     new_fn = functools.partial(lifecycle._sweep_grid, cm, cap_batch=True, quality=None)
     old_fn = functools.partial(baseline_grid, cm, cap_batch=True, quality=None)
     old_args = (v_fine[at], valid, b, lam, v_fine, valid_fine, tol, z)
-    c_old, t_old, o_old = timed(old_fn, old_args, repeats)
-    c_new, t_new, o_new = timed(new_fn, (at, valid, b, lam, v_fine, valid_fine, tol, z), repeats)
+    new_args = (at, valid, b, lam, v_fine, valid_fine, tol, z)
+    (c_old, t_old, o_old), (c_new, t_new, o_new) = side_by_side(
+        old_fn, old_args, new_fn, new_args, repeats
+    )
     exact = all(np.array_equal(o_old[k], o_new[k]) for k in ("v_star", "v_low", "v_high"))
     agree = "V* and band equal" if exact else "V* or band DIFFER"
     if draws:
@@ -151,9 +160,7 @@ def plan_row(cm, workload: str, repeats: int) -> str:
     classes = parse_workload(workload)
     vocab = lifecycle.DEFAULT_VOCAB
     masks = subset_masks(len(vocab), 3)
-    s = cm.settings
-    io = [(s.prompt_bytes if c.prompt_bytes is None else c.prompt_bytes,
-           s.output_bytes if c.output_bytes is None else c.output_bytes) for c in classes]  # fmt: skip
+    io = planning.class_bytes(cm, classes)
     common = (
         jnp.asarray(vocab, jnp.float32), jnp.asarray(masks),
         jnp.asarray(ROUTE_BATCHES, jnp.float32),
@@ -163,8 +170,10 @@ def plan_row(cm, workload: str, repeats: int) -> str:
     lam = jnp.float32(100.0)
     old_fn = functools.partial(baseline_plan, cm, class_bytes=tuple(io))
     new_fn = functools.partial(planning._plan_grid, cm, cap_batch=True, quality=None)
-    c_old, t_old, o_old = timed(old_fn, (*common, lam), repeats)
-    c_new, t_new, o_new = timed(new_fn, (*common, jnp.asarray(io, jnp.float32), lam), repeats)
+    new_args = (*common, jnp.asarray(io, jnp.float32), lam)
+    (c_old, t_old, o_old), (c_new, t_new, o_new) = side_by_side(
+        old_fn, (*common, lam), new_fn, new_args, repeats
+    )
     same = np.array_equal(o_old["route_sc"], o_new["route_sc"]) and np.array_equal(
         np.argmin(o_old["j_set"]), np.argmin(o_new["j_set"])
     )
@@ -183,13 +192,15 @@ def main(argv=None) -> None:
     ap.add_argument("--device", default="a100-80gb", help="a calibrated profile")
     ap.add_argument("--plain-device", default="a10g", help="an uncalibrated one (no ensemble)")
     ap.add_argument("--model", default="paper-1.5b")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=7, help="timed rounds of the warm calls")
     args = ap.parse_args(argv)
     cm = api.cost_model(device=args.device, model=args.model)
     plain = api.cost_model(device=args.plain_device, model=args.model)
     if cm.device.residual_sd is None or plain.device.residual_sd is not None:
         raise SystemExit("Error: give a calibrated --device and an uncalibrated --plain-device")
-    header(__file__, argv, f"{args.model}, median of {args.repeats} warm calls")
+    header(
+        __file__, argv, f"{args.model}; warm calls: median of {args.repeats} rounds, round-robin"
+    )
     large = Grid(
         vocab=tuple(int(v) for v in np.unique(np.geomspace(4096, 2**20, 48).astype(int))),
         batch=tuple(int(b) for b in np.unique(np.geomspace(1, 1024, 24).astype(int))),

@@ -193,6 +193,16 @@ class Plan:
         return min(batch, b_max) if self.capped else batch
 
 
+def class_bytes(model: CostModel, classes: Sequence[TrafficClass]) -> list[tuple[float, float]]:
+    """Each traffic class's (S_in, S_out): its own, or the model's settings where it has none."""
+    s = model.settings
+    return [
+        (s.prompt_bytes if c.prompt_bytes is None else c.prompt_bytes,
+         s.output_bytes if c.output_bytes is None else c.output_bytes)
+        for c in classes
+    ]  # fmt: skip
+
+
 def _head_sets(j_hc, masks_sv, share_c):
     """Every head set at once: J [S] (the share-weighted J of each class's best head in the set;
     inf where a head serves nothing, which is the smaller set plus dead weight), the head each
@@ -269,12 +279,6 @@ def make_plan(
         raise UserError(f"lambda must be a finite number >= 0, got {lam}")
     classes = tuple(classes)
     masks = subset_masks(len(vocab), max_heads)
-    s = model.settings
-    io = [
-        [s.prompt_bytes if c.prompt_bytes is None else c.prompt_bytes,
-         s.output_bytes if c.output_bytes is None else c.output_bytes]
-        for c in classes
-    ]  # fmt: skip
     fn = jitted(_plan_grid, model, cap_batch=cap_batch, quality=quality)
     out = fn(
         jnp.asarray(vocab, jnp.float32),
@@ -282,7 +286,7 @@ def make_plan(
         jnp.asarray(ROUTE_BATCHES, jnp.float32),
         jnp.asarray([c.batch for c in classes], jnp.float32),
         jnp.asarray([c.share for c in classes], jnp.float32),
-        jnp.asarray(io, jnp.float32),
+        jnp.asarray(class_bytes(model, classes), jnp.float32),
         jnp.float32(lam),
     )
     return _plan(vocab, classes, float(lam), masks, jax.device_get(out), capped=cap_batch)
