@@ -9,25 +9,21 @@ import builtins
 import json
 
 import pytest
-from vocab_testing import heldout_texts, mixed_text, nested, train_texts
+from vocab_testing import (
+    heldout_texts,
+    level_ranks,
+    mixed_text,
+    nested,
+    rank_file_text,
+    train_texts,
+)
 
 from vocabjax.errors import UserError
 from vocabjax.vocab import cut_ranks, load_tokenizer, measure
-from vocabjax.vocab.load import PATTERNS, bytes_to_unicode
+from vocabjax.vocab.load import PATTERNS
 from vocabjax.vocab.prune import prune_texts
 
 SPECIALS = 5
-
-
-def _ranks(level: int) -> dict[bytes, int]:
-    """The ranks of a nested BPE level made here (rank = HF id - 1, the special token left out)."""
-    decode = {ch: b for b, ch in enumerate(bytes_to_unicode())}
-    vocab = nested().level(level)["model"]["vocab"]
-    return {
-        bytes(decode[ch] for ch in token): i - 1
-        for token, i in vocab.items()
-        if token != "<|endoftext|>"
-    }
 
 
 def _tekken(path, ranks: dict[bytes, int], size: int):
@@ -61,7 +57,7 @@ def _tiktoken_counts(ranks, keep: int, docs) -> list[int]:
 
 
 def test_a_tekken_file_counts_as_tiktoken_does(tmp_path):
-    ranks = _ranks(2000)
+    ranks = level_ranks(2000)
     loaded = load_tokenizer(_tekken(tmp_path / "tekken.json", ranks, size=1500))
     assert (loaded.kind, loaded.vocab, loaded.specials, loaded.pattern) == (
         "tekken",
@@ -74,7 +70,7 @@ def test_a_tekken_file_counts_as_tiktoken_does(tmp_path):
 
 
 def test_a_rank_file_cut_is_the_same_training_at_a_smaller_v(tmp_path):
-    ranks = _ranks(2000)
+    ranks = level_ranks(2000)
     loaded = load_tokenizer(_tekken(tmp_path / "tekken.json", ranks, size=1500))
     docs = _documents()
     cut = cut_ranks(loaded, 600)
@@ -96,7 +92,7 @@ def test_only_rank_files_cut(tmp_path):
 
 
 def test_a_corrupt_tekken_file_is_one_error(tmp_path):
-    path = _tekken(tmp_path / "tekken.json", _ranks(500), size=400)
+    path = _tekken(tmp_path / "tekken.json", level_ranks(500), size=400)
     data = json.loads(path.read_text())
     data["vocab"][3]["rank"] = 7  # two tokens at rank 7, none at 3
     path.write_text(json.dumps(data))
@@ -109,10 +105,9 @@ def test_a_corrupt_tekken_file_is_one_error(tmp_path):
 
 
 def test_a_rank_file_may_end_with_whispers_empty_token(tmp_path):
-    ranks = _ranks(500)
-    lines = [f"{base64.b64encode(t).decode()} {r}" for t, r in ranks.items()]
+    ranks = level_ranks(500)
     path = tmp_path / "multilingual.tiktoken"
-    path.write_text("\n".join([*lines, f"= {len(ranks)}"]) + "\n", encoding="utf-8")
+    path.write_text(rank_file_text(ranks) + f"= {len(ranks)}\n", encoding="utf-8")
     loaded = load_tokenizer(path, pattern="gpt2")
     assert loaded.vocab == len(ranks) and loaded.kind == "tiktoken"
 
@@ -170,7 +165,7 @@ def test_measure_cuts_a_rank_file_into_a_curve(tmp_path):
 
     import cli
 
-    path = _tekken(tmp_path / "tekken.json", _ranks(2000), size=1500)
+    path = _tekken(tmp_path / "tekken.json", level_ranks(2000), size=1500)
     args = ["tokenizer", "measure", "--tokenizer", str(path), "--corpus", "builtin",
             "--max-bytes", "256k", "--format", "json"]  # fmt: skip
     result = CliRunner().invoke(cli.main, [*args, "--cut", "600,1000,4000"])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import json
 import random
 import sysconfig
@@ -13,7 +12,14 @@ from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
-from vocab_testing import heldout_texts, mixed_text, nested, train_texts
+from vocab_testing import (
+    heldout_texts,
+    level_ranks,
+    mixed_text,
+    nested,
+    rank_file_text,
+    train_texts,
+)
 
 import cli
 from vocabjax.errors import UserError
@@ -33,23 +39,16 @@ from vocabjax.vocab.load import (
 LEVEL = 1000
 
 
-def _rank_file(path, data):
-    """A tiktoken-style rank file holding the tokens of an HF byte-level BPE (rank = id - 1)."""
-    decode = {ch: b for b, ch in enumerate(bytes_to_unicode())}
-    lines = []
-    for token, i in sorted(data["model"]["vocab"].items(), key=lambda kv: kv[1]):
-        if token == "<|endoftext|>":
-            continue
-        raw = bytes(decode[ch] for ch in token)
-        lines.append(f"{base64.b64encode(raw).decode()} {i - 1}")
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+def _rank_file(path):
+    """A tiktoken-style rank file holding the tokens of ``nested()``'s level ``LEVEL``."""
+    path.write_text(rank_file_text(level_ranks(LEVEL)), encoding="utf-8")
     return path
 
 
 @pytest.fixture(scope="module")
 def hf_and_tiktoken(tmp_path_factory):
     data = nested().level(LEVEL)
-    path = _rank_file(tmp_path_factory.mktemp("tik") / "small.tiktoken", data)
+    path = _rank_file(tmp_path_factory.mktemp("tik") / "small.tiktoken")
     return from_json(data, where="hf"), load_tokenizer(path, pattern="gpt2")
 
 
@@ -69,7 +68,7 @@ def test_rank_file_on_real_text(hf_and_tiktoken):
 
 
 def test_every_pattern_loads_and_round_trips(tmp_path):
-    src = _rank_file(tmp_path / "small.tiktoken", nested().level(LEVEL))
+    src = _rank_file(tmp_path / "small.tiktoken")
     text = mixed_text(3) + " Don't STOP 2024!!\n\n  x"
     for name in pattern_names():
         tok = load_tokenizer(src, pattern=name)
@@ -215,8 +214,7 @@ def test_ids_are_tiktokens_on_sampled_documents(tmp_path, name):
     not_merges = [t for t, r in ranks.items() if len(t) > 1 and len(_bpe_parts(ranks, t, r)) != 2]
     assert len(extra) == 60 and set(extra) <= set(not_merges)  # what the loader once refused
     path = tmp_path / "ranks.tiktoken"
-    lines = [f"{base64.b64encode(t).decode()} {r}" for t, r in ranks.items()]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    path.write_text(rank_file_text(ranks), encoding="utf-8")
     ours = load_tokenizer(path, pattern=name)
     assert ours.vocab == len(ranks)
     theirs = tiktoken.Encoding(
@@ -270,10 +268,10 @@ def test_the_file_name_does_not_decide(tmp_path):
     [cl100k] = [k for k in KNOWN_RANK_FILES if k.name == "cl100k_base"]
     path = tmp_path / "o200k_base.tiktoken"  # named like o200k, begins like cl100k
     ranks = _known_like(cl100k, n=400)
-    path.write_text("".join(f"{base64.b64encode(t).decode()} {r}\n" for t, r in ranks.items()))
+    path.write_text(rank_file_text(ranks))
     assert load_tokenizer(path).pattern == "cl100k"
     assert load_tokenizer(path, pattern="o200k").pattern == "o200k"
-    _rank_file(tmp_path / "cl100k_base.tiktoken", nested().level(LEVEL))  # named, not begun, so
+    _rank_file(tmp_path / "cl100k_base.tiktoken")  # named, not begun, so
     with pytest.raises(UserError) as err:
         load_tokenizer(tmp_path / "cl100k_base.tiktoken")
     assert str(err.value) == (
