@@ -25,6 +25,7 @@ from vocabjax.serving import (
     Engine,
     LoadedRun,
     Sampling,
+    attention_window,
     bucket_length,
     choose_head,
     load_policy,
@@ -56,20 +57,30 @@ def scrambled(run) -> LoadedRun:
 
 
 @pytest.mark.slow
-def test_cached_forward_equals_the_full_forward():
-    """Prefill right-padded prompts of lengths 5 and 9, then decode 6 tokens each at its own
-    position: every hidden state equals the full forward's (causal, so one forward of the
+@pytest.mark.parametrize(
+    ("fresh", "window"), [(False, None), (True, 15)], ids=["whole-cache", "fresh-and-window"]
+)
+def test_cached_forward_equals_the_full_forward(fresh, window):
+    """Prefill right-padded prompts of lengths 5 and 9 (over the whole cache, or ``fresh``:
+    among themselves alone), then decode 6 tokens each at its own position (attending to the
+    whole cache of 24 positions, or to a ``window`` of the first 15, past which no position
+    reaches): every hidden state equals the full forward's (causal, so one forward of the
     whole sequences gives every prefix's states)."""
     config = GPTConfig(MICRO, max_vocab=97, max_seq=24)
     fn, params = Functional.of(GPT(config, rngs=nnx.Rngs(3)))
     full = jax.jit(lambda p, ids: fn.model(p)(ids))
-    cached = jax.jit(lambda p, ids, caches, start: fn.model(p).cached(ids, caches, start))
+    cached = jax.jit(
+        lambda p, ids, caches, start: fn.model(p).cached(ids, caches, start, window=window)
+    )
+    prefill = jax.jit(
+        lambda p, ids, caches, start: fn.model(p).cached(ids, caches, start, fresh=fresh)
+    )
     seqs = np.asarray(jax.random.randint(jax.random.key(1), (2, 16), 0, 97, dtype=jnp.int32))
     want = np.asarray(full(params, jnp.asarray(seqs)))
     lengths = np.asarray([5, 9], dtype=np.int32)
     padded = np.where(np.arange(16)[None, :] < lengths[:, None], seqs, 7)
     caches = fn.model(params).init_cache(2)
-    h, caches = cached(params, jnp.asarray(padded), caches, jnp.zeros(2, jnp.int32))
+    h, caches = prefill(params, jnp.asarray(padded), caches, jnp.zeros(2, jnp.int32))
     for b, n in enumerate(lengths):
         np.testing.assert_allclose(np.asarray(h[b, :n]), want[b, :n], atol=2e-5, rtol=2e-4)
     pos = lengths.copy()
@@ -256,6 +267,13 @@ def test_sampling_is_reproducible_by_seed(scrambled):
 def test_prompts_pad_to_a_power_of_two_bucket():
     assert [bucket_length(n, 40) for n in (1, 16, 17, 33, 40)] == [16, 16, 32, 40, 40]
     assert bucket_length(3, 8) == 8
+
+
+def test_decode_attends_to_the_bucket_that_holds_every_row_end():
+    assert attention_window([5 + 6, 9 + 6], 64) == 16
+    assert attention_window([9 + 8], 64) == 32
+    assert attention_window([30, 33], 40) is None  # the bucket would be the whole cache
+    assert attention_window([], 64) == 16
 
 
 def test_sampling_arguments_are_checked():

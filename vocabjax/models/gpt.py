@@ -168,19 +168,37 @@ class Attention(nnx.Module):
         return self._attend(q, k, v, causal_ts[None])
 
     def cached(
-        self, x_btd: jax.Array, cache: LayerCache, start_b: jax.Array
+        self,
+        x_btd: jax.Array,
+        cache: LayerCache,
+        start_b: jax.Array,
+        *,
+        fresh: bool = False,
+        window: int | None = None,
     ) -> tuple[jax.Array, LayerCache]:
         """Attention of T new tokens at positions ``start_b + t`` (one start per sequence):
         their K/V are written into ``cache`` there, and each attends to cache positions up to
         its own. Positions past a sequence's end may hold anything: they are masked until a
-        later call overwrites them."""
+        later call overwrites them.
+
+        Both options skip positions the mask would drop, so the scores are the same:
+        ``fresh``, the caller's promise that ``start_b`` is 0: nothing precedes the new tokens
+        and they attend among themselves, T x T rather than T x the cache's length (a prefill
+        of 16 tokens into a 2,048-position cache reads 16 keys per query, not 2,048);
+        ``window`` (static), the promise that every new token's position is below it: the
+        attention reads the cache's first ``window`` positions only (decode steps of sequences
+        that end within 128 positions of a 2,048-position cache read 128)."""
         t = x_btd.shape[1]
         q, k, v = self._qkv(x_btd)
         cache = LayerCache(_write(cache.k_bskd, k, start_b), _write(cache.v_bskd, v, start_b))
-        s = cache.k_bskd.shape[1]
+        if fresh:
+            causal_tt = jnp.tril(jnp.ones((t, t), dtype=bool))
+            k_new, v_new = (x.astype(cache.k_bskd.dtype) for x in (k, v))  # as the cache holds them
+            return self._attend(q, k_new, v_new, causal_tt[None]), cache
+        s = cache.k_bskd.shape[1] if window is None else min(window, cache.k_bskd.shape[1])
         pos_bt = start_b[:, None] + jnp.arange(t, dtype=start_b.dtype)
         mask_bts = jnp.arange(s, dtype=start_b.dtype)[None, None, :] <= pos_bt[:, :, None]
-        return self._attend(q, cache.k_bskd, cache.v_bskd, mask_bts), cache
+        return self._attend(q, cache.k_bskd[:, :s], cache.v_bskd[:, :s], mask_bts), cache
 
 
 class LayerCache(NamedTuple):
@@ -235,9 +253,9 @@ class Block(nnx.Module):
         return x_btd + self.mlp(self.mlp_norm(x_btd))
 
     def cached(
-        self, x_btd: jax.Array, cache: LayerCache, start_b: jax.Array
+        self, x_btd: jax.Array, cache: LayerCache, start_b: jax.Array, **options
     ) -> tuple[jax.Array, LayerCache]:
-        a, cache = self.attn.cached(self.attn_norm(x_btd), cache, start_b)
+        a, cache = self.attn.cached(self.attn_norm(x_btd), cache, start_b, **options)
         x_btd = x_btd + a
         return x_btd + self.mlp(self.mlp_norm(x_btd)), cache
 
@@ -282,15 +300,24 @@ class GPT(nnx.Module):
         return tuple(LayerCache(zeros, zeros) for _ in range(s.n_layers))
 
     def cached(
-        self, ids_bt: jax.Array, caches: tuple[LayerCache, ...], start_b: jax.Array
+        self,
+        ids_bt: jax.Array,
+        caches: tuple[LayerCache, ...],
+        start_b: jax.Array,
+        *,
+        fresh: bool = False,
+        window: int | None = None,
     ) -> tuple[jax.Array, tuple[LayerCache, ...]]:
         """Final normed hidden states (B, T, D) of tokens ``ids_bt`` at positions ``start_b[b]
         + t``, attending to the cached keys and values before them; returns the updated caches.
 
-        Prefill: ``start_b = 0`` and the (right-padded) prompts; decode: T = 1 and ``start_b``
-        = each sequence's length so far. The caller keeps ``start_b + T <= max_len`` of the
-        caches (<= ``max_seq``). Row b of the result equals ``self(ids)[b]`` at the same
-        positions when the cache holds that row's earlier tokens.
+        Prefill: ``start_b = 0`` and the (right-padded) prompts, with ``fresh=True`` (the
+        prompts attend among themselves, not over the whole cache: ``Attention.cached``);
+        decode: T = 1 and ``start_b`` = each sequence's length so far, with ``window`` a bound
+        on every position the call reaches when the caller knows one (the attention then reads
+        that many cache positions, not all of them). The caller keeps ``start_b + T <=
+        max_len`` of the caches (<= ``max_seq``). Row b of the result equals ``self(ids)[b]``
+        at the same positions when the cache holds that row's earlier tokens.
         """
         if ids_bt.ndim != 2 or start_b.shape != ids_bt.shape[:1]:
             raise UserError(
@@ -299,6 +326,8 @@ class GPT(nnx.Module):
             )
         if len(caches) != len(self.blocks):
             raise UserError(f"{len(caches)} caches for {len(self.blocks)} layers")
+        if window is not None and window <= 0:
+            raise UserError(f"attention window {window!r} must be a positive number of positions")
         t = ids_bt.shape[1]
         pos_bt = start_b[:, None] + jnp.arange(t, dtype=start_b.dtype)
         x_btd = jnp.take(self.embed[...], ids_bt, axis=0) + jnp.take(
@@ -306,7 +335,7 @@ class GPT(nnx.Module):
         )
         out = []
         for block, cache in zip(self.blocks, caches, strict=True):
-            x_btd, cache = block.cached(x_btd, cache, start_b)
+            x_btd, cache = block.cached(x_btd, cache, start_b, fresh=fresh, window=window)
             out.append(cache)
         return self.final_norm(x_btd), tuple(out)
 

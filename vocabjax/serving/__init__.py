@@ -47,6 +47,7 @@ from vocabjax.serving.engine import (
     Engine,
     Generation,
     LoadedRun,
+    attention_window,
     bucket_length,
     load_run,
 )
@@ -156,6 +157,7 @@ __all__ = [
     "Ticket",
     "admit",
     "admit_count",
+    "attention_window",
     "bucket_length",
     "check_prompts",
     "choose_head",

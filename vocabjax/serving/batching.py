@@ -40,7 +40,7 @@ import numpy as np
 
 from vocabjax.serving import decode
 from vocabjax.serving.decode import STOP_CODES, STOP_NAMES, Sampling, Stop
-from vocabjax.serving.engine import Engine, bucket_length, check_finite
+from vocabjax.serving.engine import Engine, attention_window, bucket_length, check_finite
 
 SHRINK = 4  # regroup into a smaller bucket once at most 1/SHRINK of the rows hold requests
 
@@ -118,6 +118,7 @@ class _Row:
     tag: Any
     prompt_tokens: int
     head: int  # the head it runs at
+    end: int  # prompt tokens + its limit: it feeds no token at or past this position
 
 
 def _padded(
@@ -252,7 +253,7 @@ class RunningBatch:
         nats = [None] * n if nats_n is None else [float(x) for x in nats_n[:n]]
         joined = []
         for r, j, nll in zip(free, joining, nats, strict=True):
-            self._rows[r] = _Row(j.tag, len(j.ids), head)
+            self._rows[r] = _Row(j.tag, len(j.ids), head, len(j.ids) + j.limit)
             joined.append(Joined(j.tag, len(j.ids), nll))
         finished = self._collect(counts)
         compiled += compile_p + compile_j
@@ -280,10 +281,12 @@ class RunningBatch:
         running = self.live
         params, s = self.engine.run.params, self.sampling
         vocab, mixed = self.vocab, self.mixed
-        config = dataclasses.replace(self.engine.config(vocab, s, self.score), mixed=mixed)
+        window = attention_window([r.end for r in self._rows if r is not None], self.config.max_seq)
+        config = self.engine.config(vocab, s, self.score)
+        config = dataclasses.replace(config, mixed=mixed, window=window)
         args = (params, self._state, self._keys_b, jnp.int32(max_steps))
         steps, compiled = self.engine.function(
-            ("steps", vocab, self.rows, s.temperature, s.top_k, mixed),
+            ("steps", vocab, self.rows, s.temperature, s.top_k, mixed, window),
             functools.partial(decode.decode_some, config),
             args,
             donate=(1,),

@@ -9,13 +9,16 @@ batch needs (``put_rows``, ``take_rows``) with the loop that yields to the host
                                             real_b, rng)
     done.out_bs, done.n_b, done.stop_b                  # generated ids, counts, STOP_CODES
 
-``prefill`` runs right-padded prompts through ``GPT.cached`` at positions 0..T_p-1, filling
-per-layer K/V caches of (B, max_seq, K, Dh), and picks each row's first token from its last real
-prompt position. ``decode`` is ``start`` (the carry, with the first tokens taken) and then
-``step`` in a ``lax.while_loop`` until every real row has stopped: each step feeds one token
-per running row at its own position (its length so far), appends its K/V there and attends to
-the positions before it, so the padding a shorter prompt leaves in the cache is overwritten
-before any query can see it. ``take`` appends a step's tokens and sets each row's stop code.
+``prefill`` runs right-padded prompts through ``GPT.cached`` at positions 0..T_p-1 (``fresh``:
+they attend among themselves, not over the whole cache), filling per-layer K/V caches of (B,
+max_seq, K, Dh), and picks each row's first token from its last real prompt position.
+``decode`` is ``start`` (the carry, with the first tokens taken) and then ``step`` in a
+``lax.while_loop`` until every real row has stopped: each step feeds one token per running row
+at its own position (its length so far), appends its K/V there and attends to the positions
+before it, within the first ``config.window`` positions when the caller gives a window no row
+reaches past (``engine.attention_window``), so the padding a shorter prompt leaves in the
+cache is overwritten before any query can see it. ``take`` appends a step's tokens and sets
+each row's stop code.
 
 Every per-row quantity (position, count, limit, stop code, whether the row holds a request)
 lives in the carry ``Decoding``, so a caller may change rows between runs of ``step``: continuous
@@ -97,6 +100,9 @@ class DecodeConfig:
     score: bool = False  # prefill also returns each prompt's nats under the head
     # rows at several nested heads: each picks over its own prefix W[:vocab_b] of W[:head]
     mixed: bool = False
+    # cache positions a decode step attends to (None: all max_seq): the caller's bound on every
+    # position its rows reach, so a step reads that much of the cache (``attention_window``)
+    window: int | None = None
 
     @property
     def stop_id(self) -> int:
@@ -212,7 +218,7 @@ def prefill(
     model = config.fn.model(params)
     rows = ids_bt.shape[0]
     caches = model.init_cache(rows, config.max_seq)
-    h_btd, caches = model.cached(ids_bt, caches, jnp.zeros((rows,), jnp.int32))
+    h_btd, caches = model.cached(ids_bt, caches, jnp.zeros((rows,), jnp.int32), fresh=True)
     h_bd = jnp.take_along_axis(h_btd, (lengths_b - 1)[:, None, None], axis=1)[:, 0]
     nats_b = prompt_nats(config, model, h_btd, ids_bt, lengths_b) if config.score else None
     first_b = pick(config, model, h_bd, row_keys(rng, rows), jnp.zeros((rows,), jnp.int32))
@@ -279,7 +285,7 @@ def step(config: DecodeConfig, params, state: Decoding, rng: jax.Array) -> Decod
     run_b = running(state)
     rows = run_b.shape[0]
     pos_b = jnp.minimum(state.pos_b, config.max_seq - 1)  # finished rows write harmlessly
-    h_b1d, caches = model.cached(state.last_b[:, None], state.caches, pos_b)
+    h_b1d, caches = model.cached(state.last_b[:, None], state.caches, pos_b, window=config.window)
     vocab_b = state.vocab_b if config.mixed else None
     tokens_b = pick(config, model, h_b1d[:, 0], row_keys(rng, rows), state.n_b, vocab_b)
     state = state._replace(

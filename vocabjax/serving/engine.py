@@ -204,6 +204,15 @@ def bucket_length(n: int, max_seq: int) -> int:
     return min(max_seq, max(MIN_BUCKET, 1 << max(n - 1, 0).bit_length()))
 
 
+def attention_window(ends: Sequence[int], max_seq: int) -> int | None:
+    """The cache positions decode steps attend to (``DecodeConfig.window``), for rows that end
+    at most at ``ends`` (a row's prompt tokens plus its max_new_tokens: it feeds no token at or
+    past that position): rounded up as prompts are (``bucket_length``), so that sequences of
+    any length compile at most log2(max_seq) windows; None for the whole cache."""
+    window = bucket_length(max(ends, default=1), max_seq)
+    return None if window >= max_seq else window
+
+
 # ---- host packing -----------------------------------------------------------------------------
 
 
@@ -377,15 +386,24 @@ class Engine:
         return DecodeConfig(run.fn, run.max_seq, head, sampling, separator, score)
 
     def compile(
-        self, head: int, batch: int, bucket: int, sampling: Sampling, score: bool, example
+        self,
+        head: int,
+        batch: int,
+        bucket: int,
+        sampling: Sampling,
+        score: bool,
+        example,
+        window: int | None = None,
     ) -> Compiled:
         """Prefill and decode for ``head``, ``batch`` rows and prompts of ``bucket`` tokens,
-        compiled on first use from ``example`` = (params, ids_bt, lengths_b, rng) and kept."""
-        key = (head, batch, bucket, sampling.temperature, sampling.top_k, score)
+        the decode attending to ``window`` cache positions (``attention_window``), compiled on
+        first use from ``example`` = (params, ids_bt, lengths_b, rng) and kept."""
+        key = (head, batch, bucket, sampling.temperature, sampling.top_k, score, window)
         if key in self._compiled:
             return Compiled(*self._compiled[key], 0.0)
         started = time.perf_counter()
-        self._compiled[key] = _compile(self.config(head, sampling, score), example)
+        config = dataclasses.replace(self.config(head, sampling, score), window=window)
+        self._compiled[key] = _compile(config, example)
         return Compiled(*self._compiled[key], time.perf_counter() - started)
 
     def generate(
@@ -416,7 +434,9 @@ class Engine:
         rng = jax.random.key(sampling.seed)
         params = self.run.params
         args = (params, jnp.asarray(batch.ids_bt), jnp.asarray(batch.lengths_b), rng)
-        compiled = self.compile(head, batch.rows, batch.bucket, sampling, score, args)
+        ends = batch.lengths_b[batch.real_b] + batch.limits_b[batch.real_b]
+        window = attention_window(ends.tolist(), self.run.max_seq)
+        compiled = self.compile(head, batch.rows, batch.bucket, sampling, score, args, window)
 
         started = time.perf_counter()
         caches, first_b, nats_b = compiled.prefill(*args)
