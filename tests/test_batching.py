@@ -15,7 +15,7 @@ from serving_testing import scrambled_engine
 
 from vocabjax.serving import Engine, Sampling, bucket_length
 from vocabjax.serving import decode as dec
-from vocabjax.serving.batching import Joining, RunningBatch, solo_key
+from vocabjax.serving.batching import Call, Joining, RunningBatch, solo_key
 
 HEAD = 500
 # Prompts of different lengths (two prompt buckets) and limits (1: it stops at the token its
@@ -154,3 +154,16 @@ def test_two_batches_merged_give_each_request_its_solo_tokens(engine):
         alone = Sampling(sampling.temperature, seed=100 + i)
         want = engine.generate([PROMPTS[i]], head=head, max_new_tokens=LIMITS[i], sampling=alone)
         assert got[i] == want.completions[0].tokens, f"request {i} at head {head}"
+
+
+def test_a_compiled_call_says_its_shape():
+    join = Call("join", 500, 4, 1, 0.01, 1.2, joined=2, bucket=16)
+    assert join.compiled_line() == (
+        "compiled head 500: join at 4 rows, prompts of 16 tokens, in 1.20 s"
+    )
+    steps = Call("steps", 500, 8, 3, 0.01, 0.5, 4, 12, window=64)
+    assert steps.compiled_line() == (
+        "compiled head 500: steps at 8 rows, attending to 64 positions, in 0.50 s"
+    )
+    whole = Call("steps", 500, 8, 3, 0.01, 0.5, 4, 12, mixed=True)
+    assert whole.compiled_line() == "compiled head 500 (heads mixed): steps at 8 rows, in 0.50 s"

@@ -102,10 +102,14 @@ class Call:
     joined: int = 0  # requests that joined (a join)
     bucket: int = 0  # padded prompt length of a join
     mixed: bool = False  # decode steps of rows at several heads (``head``: the widest)
+    window: int | None = None  # cache positions decode steps attend to (None: all)
 
     def compiled_line(self) -> str:
-        """``compiled head 500: join at 4 rows, prompts of 16 tokens, in 1.20 s``."""
+        """``compiled head 500: join at 4 rows, prompts of 16 tokens, in 1.20 s``; decode steps
+        within a window of the cache say so (``steps at 8 rows, attending to 64 positions``)."""
         prompts = f", prompts of {self.bucket} tokens" if self.kind == "join" else ""
+        if self.kind == "steps" and self.window is not None:
+            prompts = f", attending to {self.window} positions"
         mixed = " (heads mixed)" if self.mixed else ""
         return (
             f"compiled head {self.head}{mixed}: {self.kind} at {self.rows} rows{prompts}, in "
@@ -297,7 +301,10 @@ class RunningBatch:
         finished = self._collect(counts)
         ran, tokens = (int(x) - y for x, y in zip(counts[:2], before, strict=True))
         seconds = time.perf_counter() - started - compiled
-        call = Call("steps", vocab, self.rows, running, seconds, compiled, ran, tokens, mixed=mixed)
+        call = Call(
+            "steps", vocab, self.rows, running, seconds, compiled, ran, tokens, mixed=mixed,
+            window=window,
+        )  # fmt: skip
         return finished, [call, *self._shrink()]
 
     def partial(self) -> dict[Any, tuple[int, ...]]:
