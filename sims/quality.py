@@ -2,7 +2,7 @@
 and the data behind them (sims/data/quality.json).
 
     python sims/quality.py --plan     # the runs and how long what is left takes; runs nothing
-    python sims/quality.py            # the study (tiny alone: 24 min on two CPU cores)
+    python sims/quality.py            # the study: 83 min on two idle CPU cores (its tiny runs 35)
 
 Every figure comes from training runs (``vocabjax.train.train``) kept in ``--work``, one
 directory per run. A run whose training.json exists is read, not run again; a run stopped midway
