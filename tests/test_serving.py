@@ -274,6 +274,7 @@ def test_decode_attends_to_the_bucket_that_holds_every_row_end():
     assert attention_window([9 + 8], 64) == 32
     assert attention_window([30, 33], 40) is None  # the bucket would be the whole cache
     assert attention_window([], 64) == 16
+    assert attention_window(np.asarray([20, 9], np.int64), 64) == 32  # numpy ends too
 
 
 def test_sampling_arguments_are_checked():

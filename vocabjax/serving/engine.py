@@ -209,7 +209,7 @@ def attention_window(ends: Sequence[int], max_seq: int) -> int | None:
     at most at ``ends`` (a row's prompt tokens plus its max_new_tokens: it feeds no token at or
     past that position): rounded up as prompts are (``bucket_length``), so that sequences of
     any length compile at most log2(max_seq) windows; None for the whole cache."""
-    window = bucket_length(max(ends, default=1), max_seq)
+    window = bucket_length(int(max(ends, default=1)), max_seq)
     return None if window >= max_seq else window
 
 
