@@ -221,6 +221,18 @@ def test_the_trained_run_agrees_with_its_full_forward_too(run):
     assert list(out.completions[0].tokens) == reference_greedy(run, PROMPTS[0], HEADS[0], 5)
 
 
+@pytest.mark.slow
+def test_one_compiled_prefill_serves_every_decode_window(scrambled):
+    engine = Engine(scrambled)
+    ids = jnp.zeros((1, 16), jnp.int32)
+    example = (scrambled.params, ids, jnp.full((1,), 4, jnp.int32), jax.random.key(0))
+    whole = engine.compile(500, 1, 16, Sampling(), False, example)
+    short = engine.compile(500, 1, 16, Sampling(), False, example, window=16)
+    again = engine.compile(500, 1, 16, Sampling(), False, example, window=16)
+    assert short.prefill is whole.prefill and short.decode is not whole.decode
+    assert again == (short.prefill, short.decode, 0.0)
+
+
 def test_generation_stops_at_max_seq(scrambled):
     prompt = "def f(x):\n    return x\n" * 2  # about half of the 40 positions
     n_prompt = len(Engine(scrambled).encode([prompt], 500)[0])

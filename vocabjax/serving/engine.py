@@ -311,30 +311,33 @@ def _completions(
 
 
 class Compiled(NamedTuple):
-    """An engine's compiled pair for one (head, B, T_p, sampling, score)."""
+    """An engine's compiled pair for one (head, B, T_p, sampling, score, attention window)."""
 
     prefill: Any  # (params, ids_bt, lengths_b, rng) -> (caches, first_b, nats_b or None)
     decode: Any  # (params, caches, first_b, start_b, limits_b, real_b, rng) -> Decoding
-    compile_s: float  # compiling both and one warm-up call of each now: 0 when they were kept
+    compile_s: float  # compiling what was new and one warm-up call of each now: 0 when kept
 
 
-def _compile(config: DecodeConfig, example) -> tuple[Any, Any]:
-    """``decode.prefill`` and ``decode.decode`` compiled for the shapes of ``example`` (params,
-    ids_bt, lengths_b, rng), the decode donating its caches, and each called once untimed: a
-    fresh executable's first call pays set-up costs that are not decoding."""
+def _compile_prefill(config: DecodeConfig, example) -> Any:
+    """``decode.prefill`` compiled for the shapes of ``example`` (params, ids_bt, lengths_b,
+    rng); it does not read ``config.window``, so one serves every window."""
+    return jax.jit(functools.partial(decode.prefill, config)).lower(*example).compile()
+
+
+def _compile_decode(config: DecodeConfig, prefill_c, example) -> Any:
+    """``decode.decode`` compiled for what ``prefill_c`` makes of ``example``, donating its
+    caches, and called once untimed: a fresh executable's first call pays set-up costs that are
+    not decoding."""
     params, _, lengths_b, rng = example
-    prefill = functools.partial(decode.prefill, config)
-    prefill_c = jax.jit(prefill).lower(*example).compile()
-    caches, first_b, _ = jax.eval_shape(prefill, *example)
+    caches, first_b, _ = prefill_c(*example)
     # The decode's warm-up arguments: at most one loop step (a limit of 2 tokens per row).
     twos_b = jnp.asarray(np.full(lengths_b.shape, 2, np.int32))
     real_b = jnp.asarray(np.ones(lengths_b.shape, bool))
     loop = jax.jit(functools.partial(decode.decode, config), donate_argnums=(1,))
     decode_c = loop.lower(params, caches, first_b, lengths_b, twos_b, real_b, rng).compile()
-    caches, first_b, _ = prefill_c(*example)
     # Fetched as a timed call is, or the first timed call pays the fetch's set-up.
     _fetched(decode_c(params, caches, first_b, lengths_b, twos_b, real_b, rng))
-    return prefill_c, decode_c
+    return decode_c
 
 
 class Engine:
@@ -342,7 +345,8 @@ class Engine:
 
     def __init__(self, run: LoadedRun) -> None:
         self.run = run
-        self._compiled: dict[tuple, tuple[Any, Any]] = {}
+        self._prefills: dict[tuple, Any] = {}  # by (head, B, T_p, sampling, score)
+        self._decodes: dict[tuple, Any] = {}  # by the same and the attention window
         self._functions: dict[tuple, Any] = {}  # ahead-of-time compiled, by (name, shapes)
 
     def function(
@@ -398,13 +402,18 @@ class Engine:
         """Prefill and decode for ``head``, ``batch`` rows and prompts of ``bucket`` tokens,
         the decode attending to ``window`` cache positions (``attention_window``), compiled on
         first use from ``example`` = (params, ids_bt, lengths_b, rng) and kept."""
-        key = (head, batch, bucket, sampling.temperature, sampling.top_k, score, window)
-        if key in self._compiled:
-            return Compiled(*self._compiled[key], 0.0)
+        key = (head, batch, bucket, sampling.temperature, sampling.top_k, score)
+        if (key, window) in self._decodes:
+            return Compiled(self._prefills[key], self._decodes[(key, window)], 0.0)
         started = time.perf_counter()
-        config = dataclasses.replace(self.config(head, sampling, score), window=window)
-        self._compiled[key] = _compile(config, example)
-        return Compiled(*self._compiled[key], time.perf_counter() - started)
+        config = self.config(head, sampling, score)
+        if key not in self._prefills:
+            self._prefills[key] = _compile_prefill(config, example)
+        config = dataclasses.replace(config, window=window)
+        self._decodes[(key, window)] = _compile_decode(config, self._prefills[key], example)
+        return Compiled(
+            self._prefills[key], self._decodes[(key, window)], time.perf_counter() - started
+        )
 
     def generate(
         self,
