@@ -65,12 +65,13 @@ def prefill_whole_cache(config, params, ids_bt, lengths_b, rng):
     return caches, first_b, nats_b
 
 
-def inputs(rng: np.random.Generator, head: int, rows: int, tokens: int, params) -> list[tuple]:
-    """``SETS`` (params, ids, lengths, key) of ``rows`` prompts of ``tokens`` tokens."""
+def inputs(config, rng: np.random.Generator, rows: int, tokens: int, params) -> list[tuple]:
+    """``SETS`` (params, ids, lengths, key) of ``rows`` prompts of ``tokens`` tokens, padded as
+    the engine pads them."""
     out = []
     for i in range(SETS):
-        ids = np.zeros((rows, bucket_length(tokens, 1 << 30)), np.int32)
-        ids[:, :tokens] = rng.integers(1, head, (rows, tokens))
+        ids = np.zeros((rows, bucket_length(tokens, config.max_seq)), np.int32)
+        ids[:, :tokens] = rng.integers(1, config.head, (rows, tokens))
         lengths = jnp.full((rows,), tokens, jnp.int32)
         out.append((params, jnp.asarray(ids), lengths, jax.random.key(i)))
     return out
@@ -156,10 +157,10 @@ def main(argv: list[str] | None = None) -> None:
         fn, params = Functional.of(model)
         config = decode.DecodeConfig(fn, max_seq, head, decode.Sampling(), None, score=True)
         for b, t in prefills:
-            rows.append(prefill_rows(config, inputs(rng, head, b, t, params), settings, b, t))
+            rows.append(prefill_rows(config, inputs(config, rng, b, t, params), settings, b, t))
         plain = dataclasses.replace(config, score=False)
         for b in batches:
-            sets = inputs(rng, head, b, args.prompt, params)
+            sets = inputs(plain, rng, b, args.prompt, params)
             rows.append(decode_rows(plain, sets, settings, b, args.prompt, args.new))
     print(render.rows(rows, args.format))
 
