@@ -1031,7 +1031,8 @@ def train_command(ctx, out, resume, fmt, **options):
     if fmt != "csv":
         emit(
             f"{result.config.shape.name} after {result.step} steps on {result.device}; "
-            f"held-out bits per byte and training tokens/s per head"
+            f"held-out bits per byte and training tokens/s per head (tokens/s from "
+            f"{result.timing})"
         )
     rows = result.rows()
     if fmt != "csv":

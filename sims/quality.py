@@ -22,7 +22,7 @@ each configuration load theirs (a small run at 16k: 4-10% shorter, docs/benchmar
    each per seed, against part 1's separate models at each V; every head sees at most the bytes
    a separate model sees (steps set by the largest head's bytes per token). Parameters counted.
 4. training throughput: part 1's tokens/s at the smallest and largest V (512 -> 16k spans 32x,
-   as 8k -> 262k does).
+   as 8k -> 262k does), each run's from its own training steps (the median step).
 5. compression on prose: nested levels trained on ``--compression-bytes`` of the last corpus (V
    alone changes), every production tokenizer installed packages ship and each ``--tokenizer``,
    and each production rank file cut to the smaller ``--compression-vocab`` sizes (V alone, on
@@ -55,7 +55,7 @@ from vocabjax.units import parse_size, parse_size_list
 DATA = ROOT / "sims" / "data" / "quality.json"
 T95 = {1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 ASSUMED_FLOPS = 1.0e11  # FLOP/s a 2-core CPU trains at (tiny: 33k tokens/s x 3.1 MFLOP/token)
-OVERHEAD_S = 15.0  # per run: encoding the corpus, compiling, evaluating, timing
+OVERHEAD_S = 10.0  # per run: compiling and evaluating (and reading the corpus, once per level)
 
 
 def say(message: str) -> None:
@@ -349,6 +349,13 @@ def bpb_table(a, parts, results) -> tuple[list[str], list[dict[str, Any]]]:
                     f"{bpt:.3f} | {jobs[0].steps} |"
                 )
     return lines, rows
+
+
+def timing_of(results, jobs: Sequence[Job]) -> str:
+    """How the runs ``jobs`` measured their tokens/s (training.json's ``tokens_per_s_from``),
+    the ways joined when they differ (a run trained before the loop was timed says so)."""
+    ways = sorted({results[j.key].get("tokens_per_s_from") or "a timing pass" for j in jobs})
+    return "; ".join(ways)
 
 
 def spread_rows(a, rows) -> list[dict[str, Any]]:
@@ -696,7 +703,8 @@ def report_body(a, parts, results, comp, seconds, claims, table, heads, saving) 
         "## Bits per byte against V",
         "",
         "Held-out bits per byte (the same held-out text for every V; mean over seeds with its 95% "
-        "t-interval), training tokens/s (median over seeds) and train-part bytes per token. "
+        "t-interval), training tokens/s (median over seeds; each run's from "
+        f"{timing_of(results, parts['bpb'])}) and train-part bytes per token. "
         "Figure: [quality.png](quality.png).",
         "",
         *table,

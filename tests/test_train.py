@@ -307,3 +307,69 @@ def test_gpt_params_are_f32_and_named_for_checkpoints():
     fn, params = Functional.of(GPT(config().model_config, rngs=nnx.Rngs(0)))
     assert all(v.dtype == jnp.float32 for v in params.values())
     assert "unembed.value" in params and params["unembed.value"].shape == (500, 32)
+
+
+# ---- throughput and kept streams -----------------------------------------------------------
+
+
+class _Clock:
+    """A perf_counter that moves a quarter second per call."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def perf_counter(self) -> float:
+        self.t += 0.25
+        return self.t
+
+
+@pytest.mark.slow
+def test_a_one_head_run_reads_tokens_per_s_from_its_own_steps(tmp_path, tok_dir, monkeypatch):
+    import json
+    import types
+
+    clock = _Clock()
+    monkeypatch.setattr(run_module, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
+    steps = run_module.LOOP_TIMING_STEPS + 2
+    cfg = config(tokenizer=str(tok_dir), heads=(300,), steps=steps)
+    result = train(cfg, tmp_path / "one", timing_repeats=2)
+    assert result.timing.startswith(f"the training loop: median of its {steps - 1} steps")
+    # Every step takes a whole number of clock ticks; a timing pass (real seconds) would not.
+    (head,) = result.heads
+    ticks = cfg.batch * cfg.seq_len / head.tokens_per_s / 0.25
+    assert ticks == pytest.approx(round(ticks)) and 1 <= round(ticks) <= 4
+    data = json.loads((tmp_path / "one" / "training.json").read_text())
+    assert data["tokens_per_s_from"] == result.timing
+
+
+@pytest.mark.slow
+def test_short_and_several_head_runs_time_each_head_alone(tmp_path, tok_dir):
+    short = train(config(tokenizer=str(tok_dir), heads=(300,), steps=3), tmp_path / "short")
+    several = train(config(tokenizer=str(tok_dir), steps=12), tmp_path / "several")
+    assert short.timing.startswith("a timing pass") and "the head after" in short.timing
+    assert several.timing.startswith("a timing pass") and "each head alone" in several.timing
+    assert all(h.tokens_per_s > 0 for h in several.heads)
+
+
+def test_corpus_streams_are_kept_until_the_corpus_or_tokenizer_changes(
+    tmp_path, tok_dir, monkeypatch
+):
+    from vocabjax.corpus import open_corpus
+    from vocabjax.train import data, tokenizers_from_dir
+
+    monkeypatch.setattr(data, "_streams", type(data._streams)())
+    encoded = []
+    real = data.encode_streams
+    monkeypatch.setattr(data, "encode_streams", lambda *a, **k: encoded.append(1) or real(*a, **k))
+    path = tmp_path / "c.txt"
+    path.write_text("the quick brown fox jumps over the lazy dog\n" * 40)
+    corpus = open_corpus(path, held_out=0.0)
+    heads = tokenizers_from_dir(tok_dir, [300])
+    first = data.corpus_streams(corpus, heads, "train")
+    assert data.corpus_streams(corpus, tokenizers_from_dir(tok_dir, [300]), "train") is first
+    assert len(encoded) == 1 and not first.ids[0].flags.writeable
+    data.corpus_streams(corpus, tokenizers_from_dir(tok_dir, [500]), "train")  # another level
+    assert len(encoded) == 2
+    path.write_text("a different text, of another length\n" * 30)
+    again = data.corpus_streams(corpus, heads, "train")
+    assert len(encoded) == 3 and again.bytes != first.bytes

@@ -9,7 +9,9 @@ the text itself are encoded as text, so a corpus cannot forge a separator.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -251,6 +253,53 @@ def check_sizes(
             )
 
 
+STREAMS_KEPT = 8  # encoded streams a process keeps: a study trains many runs on one corpus
+_streams: collections.OrderedDict[tuple, Streams] = collections.OrderedDict()
+
+
+def corpus_state(corpus: Corpus) -> tuple | None:
+    """What a corpus's documents depend on: its settings and each file's path, size and
+    modification time (a builtin corpus's other sources are the running interpreter's); None
+    when a file cannot be looked at (reading it will say why)."""
+    files = []
+    try:
+        for path in corpus.files():
+            st = path.stat()
+            files.append((str(path), st.st_size, st.st_mtime_ns))
+    except OSError:
+        return None
+    return corpus, tuple(files)
+
+
+def head_state(head: HeadTokenizer) -> tuple:
+    """What a head's encoding depends on: its tokenizer, whole, and its separator."""
+    digest = hashlib.blake2b(head.tokenizer.to_str().encode("utf-8"), digest_size=16).digest()
+    return head.vocab, head.separator, digest
+
+
+def corpus_streams(
+    corpus: Corpus, heads: Sequence[HeadTokenizer], split: str, *, max_tokens: int | None = None
+) -> Streams:
+    """``encode_streams`` of a corpus split, kept for the process: a later run on the same
+    files with the same tokenizers (another seed, another model) reads the kept streams, read
+    only, instead of reading and encoding the corpus again. The ``STREAMS_KEPT`` last used
+    are kept."""
+    state = corpus_state(corpus)
+    if state is None:
+        return encode_streams(heads, corpus.texts(split), max_tokens=max_tokens)
+    key = (state, tuple(head_state(h) for h in heads), split, max_tokens)
+    if key in _streams:
+        _streams.move_to_end(key)
+        return _streams[key]
+    streams = encode_streams(heads, corpus.texts(split), max_tokens=max_tokens)
+    for ids in streams.ids:
+        ids.flags.writeable = False
+    _streams[key] = streams
+    while len(_streams) > STREAMS_KEPT:
+        _streams.popitem(last=False)
+    return streams
+
+
 def load_data(
     corpus: Corpus,
     heads: Sequence[HeadTokenizer],
@@ -262,11 +311,11 @@ def load_data(
     progress: Callable[[str], None] | None = None,
 ) -> tuple[list[Windows], Streams, Streams]:
     """(training windows per head, the train streams, the held-out streams), checked."""
-    train = encode_streams(heads, corpus.texts("train"))
+    train = corpus_streams(corpus, heads, "train")
     windows = [
         Windows.cut(ids, seq_len, seed=seed, head_index=j) for j, ids in enumerate(train.ids)
     ]
-    heldout = encode_streams(heads, corpus.texts("heldout"), max_tokens=eval_tokens)
+    heldout = corpus_streams(corpus, heads, "heldout", max_tokens=eval_tokens)
     if progress:
         progress(
             f"train part: {train.documents} documents, {train.bytes / 2**20:.2f} MiB; held-out "

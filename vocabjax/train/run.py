@@ -56,6 +56,7 @@ from vocabjax.vocab import NestedBPE, Pruned, save_nested, train_nested, write_p
 
 TRAINING_FILE = "training.json"
 RECENT = 20  # the reported train loss is the mean over this many last steps
+LOOP_TIMING_STEPS = 10  # a one-head run timed over at least this many steps reads its own loop
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +64,7 @@ class HeadResult:
     vocab: int
     train_loss: float | None  # mean cross-entropy (nats/token) of the last steps
     bpb: float  # held-out bits per byte
-    tokens_per_s: float  # training tokens/s of a step with this head alone
+    tokens_per_s: float  # training tokens/s of a step with this head alone (``TrainResult.timing``)
     bytes_per_token: float  # held-out UTF-8 bytes per text token
     eval_tokens: int  # held-out tokens predicted
     train_tokens: int  # tokens of this head's train stream
@@ -80,6 +81,7 @@ class TrainResult:
     heads: tuple[HeadResult, ...]  # empty when the run stopped early (``stop_after``)
     device: str
     seconds: float
+    timing: str = ""  # how tokens_per_s was measured (the training loop, or a timing pass)
 
     def rows(self) -> list[dict[str, Any]]:
         return [h.row() for h in self.heads]
@@ -93,6 +95,7 @@ class TrainResult:
             "step": self.step,
             "device": self.device,
             "seconds": round(self.seconds, 3),
+            "tokens_per_s_from": self.timing,
             "heads": self.rows(),
         }
 
@@ -186,8 +189,10 @@ def train(
     head. ``config.tokenizer=None`` trains a nested BPE at the heads' sizes first (saved to
     ``run_dir/tokenizer``). ``stop_after`` stops after that many steps, once their checkpoint
     is written, as a killed run would; it and ``measure=False`` skip the measurement (and
-    training.json). ``mesh`` trains on several devices (``vocabjax.train.mesh``); the run is
-    the same run whatever the mesh, so a resumed run may change it."""
+    training.json). A one-head run's tokens/s is its own training steps' (``_Session.measure``);
+    a run of several heads times ``timing_repeats`` steps of each head alone. ``mesh`` trains
+    on several devices (``vocabjax.train.mesh``); the run is the same run whatever the mesh,
+    so a resumed run may change it."""
     log = progress or (lambda _msg: None)
     started = time.perf_counter()
     run_dir = Path(run_dir)
@@ -211,9 +216,9 @@ def train(
         seconds = time.perf_counter() - started
         return TrainResult(config, run_dir, end, (), device_label(mesh), seconds)
     log("measuring held-out bits per byte and tokens/s per head")
-    heads = session.measure(timing_repeats)
+    heads, timing = session.measure(timing_repeats)
     seconds = time.perf_counter() - started
-    result = TrainResult(config, run_dir, end, heads, device_label(mesh), seconds)
+    result = TrainResult(config, run_dir, end, heads, device_label(mesh), seconds, timing)
     if jax.process_index() == 0:
         write_profile(result, session.corpus.describe("heldout"))
     log(f"wrote {run_dir / TRAINING_FILE}")
@@ -274,6 +279,7 @@ class _Session:
     opt_state: Any
     step: int = 0  # optimizer steps done
     recent: list[list[float]] = dataclasses.field(default_factory=list)  # last losses per head
+    step_seconds: list[float] = dataclasses.field(default_factory=list)  # this session's steps
     placement: Placement | None = None  # the mesh the run's arrays are laid out on (None: one)
     written: bool = False  # run_dir holds run.json (and the tokenizer)
     saved: int | None = None  # step of the last checkpoint on disk
@@ -436,6 +442,7 @@ class _Session:
             shardings=self.shardings(),
         )
         meter = _Meter(len(self.heads) * cfg.batch * cfg.seq_len, first=self.step, end=end)
+        last = time.perf_counter()
         while self.step < end:
             batch = self.place_batch(
                 np.stack([w.batch(self.step, cfg.batch) for w in self.windows])
@@ -451,6 +458,10 @@ class _Session:
                     settings=["lr"],
                 )
             self.recent = [*self.recent, [float(x) for x in losses]][-RECENT:]
+            now = time.perf_counter()
+            if self.step > meter.first + 1:  # the session's first step compiles
+                self.step_seconds.append(now - last)
+            last = now
             meter.tick(self.step)
             if self.step == meter.first + 1 or self.step % every == 0 or self.step == end:
                 self.log(
@@ -458,10 +469,15 @@ class _Session:
                 )
             if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and self.step < end:
                 self.save()
+                last = time.perf_counter()  # a checkpoint is not a step
         if self.saved != self.step:
             self.save()
 
-    def measure(self, timing_repeats: int) -> tuple[HeadResult, ...]:
+    def measure(self, timing_repeats: int) -> tuple[tuple[HeadResult, ...], str]:
+        """Every head's result, and how its tokens/s was measured: a one-head run's own
+        training steps when this session ran ``LOOP_TIMING_STEPS`` or more (the median step,
+        the compiling one left out: hundreds of steps that a transient slowdown hardly moves),
+        else a timing pass of ``timing_repeats`` steps of each head alone."""
         cfg = self.config
         p = self.placement
         place = None if p is None else (lambda x: p.put(x, p.rows))
@@ -478,6 +494,11 @@ class _Session:
             )
             for head, ids in zip(self.heads, self.heldout.ids, strict=True)
         ]
+        n = len(self.step_seconds)
+        if len(self.heads) == 1 and n >= LOOP_TIMING_STEPS:
+            speeds = [cfg.batch * cfg.seq_len / float(np.median(self.step_seconds))]
+            timing = f"the training loop: median of its {n} steps after the first"
+            return self._results(evals, speeds), timing
         speeds = throughput(
             self.fn,
             self.params,
@@ -491,6 +512,11 @@ class _Session:
             shardings=self.shardings(),
             place=self.place_batch,
         )
+        what = "each head alone" if len(self.heads) > 1 else "the head"
+        timing = f"a timing pass: median of {timing_repeats} steps of {what} after a compiling one"
+        return self._results(evals, speeds), timing
+
+    def _results(self, evals, speeds: Sequence[float]) -> tuple[HeadResult, ...]:
         losses = np.mean(np.asarray(self.recent), axis=0) if self.recent else [None] * len(evals)
         return tuple(
             HeadResult(
@@ -566,6 +592,7 @@ def write_profile(result: TrainResult, corpus: str) -> Path:
     data.update(
         model=cfg.shape.name,
         steps=result.step,
+        tokens_per_s_from=result.timing,
         corpus=corpus,
         device=result.device,
         date=date,
