@@ -841,6 +841,7 @@ _TRAIN_FIELDS = {  # option -> RunConfig field (corpus fields as corpus.<name>)
     "warmup": "warmup",
     "seed": "seed",
     "eval_tokens": "eval_tokens",
+    "eval_bytes": "eval_bytes",
     "impl": "impl",
     "checkpoint_every": "checkpoint_every",
     "compute_dtype": "compute_dtype",
@@ -931,6 +932,13 @@ _TRAIN_FIELDS = {  # option -> RunConfig field (corpus fields as corpus.<name>)
     default="32k",
     show_default=True,
     help="Held-out tokens of the smallest head to evaluate (all heads get the same text).",
+)
+@click.option(
+    "--eval-bytes",
+    type=Size(BYTES_RANGE),
+    default=None,
+    help="Instead of --eval-tokens: the held-out part's first bytes of text, the same text "
+    "whatever the tokenizer (to compare runs at different V).",
 )
 @click.option(
     "--impl",

@@ -14,7 +14,8 @@ each configuration load theirs (a small run at 16k: 4-10% shorter, docs/benchmar
    builtin-prose: English prose), V in ``--vocab``, ``--seeds`` seeds; every run trains on the
    same number of bytes of text (``--train-bytes`` per scale), not the same number of tokens:
    its steps are those bytes over (batch x seq-len x the level's bytes per token on the train
-   part). Held-out bits per byte on the same text for every V.
+   part). Held-out bits per byte on the same text for every V: the held-out part's first
+   ``--eval-bytes`` of text (``train --eval-bytes``), whatever the tokenizer.
 2. pruned initialisation: a run at ``--prune-from`` for ``--prune-share`` of the bytes, pruned to
    ``--prune-to`` (``train --init-from``) for the rest, against part 1's run at ``--prune-to``
    (the same total bytes, the large-V pretraining counted); first scale, last corpus.
@@ -203,7 +204,7 @@ class Study:
                     lr=self.args.lr,
                     warmup=min(100, job.steps // 10),
                     seed=job.seed,
-                    eval_tokens=self.args.eval_tokens,
+                    eval_bytes=self.args.eval_bytes,
                     checkpoint_every=self.args.checkpoint_every,
                     heads_kind=job.heads_kind,
                     align_weight=job.align_weight,
@@ -217,6 +218,13 @@ class Study:
                 f"{out} was trained for {result.get('steps')} steps, and this study's settings "
                 f"give it {job.steps} (other --train-bytes, --batch or --seq-len): give another "
                 "--work, or delete that run"
+            )
+        evaluated = json.loads((out / "run.json").read_text()).get("eval_bytes")
+        if evaluated != self.args.eval_bytes:
+            raise UserError(
+                f"{out} was evaluated on {evaluated or 'a token count'} held-out bytes, and this "
+                f"study evaluates every run on {self.args.eval_bytes} (--eval-bytes): give "
+                "another --work, or delete that run"
             )
         return result
 
@@ -356,6 +364,37 @@ def timing_of(results, jobs: Sequence[Job]) -> str:
     the ways joined when they differ (a run trained before the loop was timed says so)."""
     ways = sorted({results[j.key].get("tokens_per_s_from") or "a timing pass" for j in jobs})
     return "; ".join(ways)
+
+
+def corpus_rows(a, parts, results) -> list[dict[str, Any]]:
+    """Per corpus: the digests (``train``'s ``corpus_digest``) of the text its runs trained and
+    were evaluated on. One held-out digest per corpus: every run was scored on one text; two
+    studies with other digests read other text (another machine's packages, another cap)."""
+    out = []
+    for spec in a.corpora:
+        jobs = [j for part in parts.values() for j in part if j.corpus == spec]
+        digests = [results[j.key].get("corpus_digest") or {} for j in jobs]
+        out.append(
+            dict(
+                corpus=spec,
+                runs=len(jobs),
+                train=sorted({d.get("train", "not recorded") for d in digests}),
+                heldout=sorted({d.get("heldout", "not recorded") for d in digests}),
+            )
+        )
+    return out
+
+
+def corpus_lines(corpora: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for c in corpora:
+        one = len(c["heldout"]) == 1
+        lines.append(
+            f"- {c['corpus']}: {c['runs']} runs; held-out text {', '.join(c['heldout'])}"
+            + (" (one text for every run)" if one else " (the runs were scored on different text)")
+            + f"; train part {', '.join(c['train'])}"
+        )
+    return lines
 
 
 def spread_rows(a, rows) -> list[dict[str, Any]]:
@@ -618,6 +657,7 @@ def report(a, parts, results, comp, seconds: float) -> tuple[str, dict[str, Any]
         "heads": heads,
         "parameter_saving": saving,
         "throughput": speeds,
+        "corpora": corpus_rows(a, parts, results),
         "claims": claims,  # docs/quality.md's claim table, row by row (paper_claims.py reads it)
         "compression": comp,
         "runs": results,
@@ -702,12 +742,19 @@ def report_body(a, parts, results, comp, seconds, claims, table, heads, saving) 
         "",
         "## Bits per byte against V",
         "",
-        "Held-out bits per byte (the same held-out text for every V; mean over seeds with its 95% "
+        f"Held-out bits per byte (the held-out part's first {a.eval_bytes / 1024:g} KiB of text, "
+        "the same text for every V and every run of a corpus; mean over seeds with its 95% "
         "t-interval), training tokens/s (median over seeds; each run's from "
         f"{timing_of(results, parts['bpb'])}) and train-part bytes per token. "
         "Figure: [quality.png](quality.png).",
         "",
         *table,
+        "",
+        "Which text, as BLAKE2b-128 digests of the documents each run read (`train`'s "
+        "`corpus_digest`; the builtin corpora are made from what this machine has installed, so "
+        "another machine's differ):",
+        "",
+        *corpus_lines(corpus_rows(a, parts, results)),
         "",
         "## Pruned initialisation",
         "",
@@ -854,7 +901,12 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--eval-tokens", type=size("eval tokens"), default="32k")
+    p.add_argument(
+        "--eval-bytes",
+        type=size("eval bytes"),
+        default="64k",
+        help="held-out text every run is evaluated on (the same text at every V)",
+    )
     p.add_argument("--checkpoint-every", type=int, default=200)
     p.add_argument("--prune-from", type=size("prune from"), default="16k")
     p.add_argument("--prune-to", type=size("prune to"), default="2k")

@@ -75,14 +75,19 @@ def test_table_output_and_resume_to_more_steps(trained, tmp_path):
     out, _, _ = trained
     copy = tmp_path / "run"
     shutil.copytree(out, copy)
-    result = run("train", "--out", str(copy), "--steps", "6", "--resume", "--format", "csv")
+    result = run(
+        "train", "--out", str(copy), "--steps", "6", "--eval-bytes", "2k", "--resume",
+        "--format", "csv",
+    )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "resuming" in result.stderr and "at step 4 of 6" in result.stderr
     assert "decays over 6 steps (the run had 4)" in result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == "vocab,train_loss,bpb,tokens_per_s,bytes_per_token,eval_tokens"
     assert [line.split(",")[0] for line in lines[1:]] == ["300", "400"]
-    assert json.loads((copy / "run.json").read_text())["steps"] == 6
+    stored = json.loads((copy / "run.json").read_text())
+    assert stored["steps"] == 6 and stored["eval_bytes"] == 2048  # evaluation may change
+    assert "KiB" in result.stderr and "2.0 KiB" in result.stderr
 
 
 def _error(*args: str, code: int = 1) -> str:

@@ -32,7 +32,7 @@ def test_the_study_runs_small_and_resumes(tmp_path, monkeypatch, capsys):
     args = [
         "--work", str(tmp_path / "work"), "--scales", str(micro), "--corpora", "builtin",
         "--vocab", "300,400", "--seeds", "2", "--train-bytes", "2k", "--max-bytes", "128k",
-        "--seq-len", "16", "--batch", "2", "--eval-tokens", "256", "--prune-from", "400",
+        "--seq-len", "16", "--batch", "2", "--eval-bytes", "1k", "--prune-from", "400",
         "--prune-to", "300", "--head-set", "300,400", "--compression-bytes", "128k",
         "--compression-vocab", "300,500", "--figure", str(tmp_path / "q.png"),
         "--data", str(tmp_path / "q.json"),
@@ -58,6 +58,10 @@ def test_the_study_runs_small_and_resumes(tmp_path, monkeypatch, capsys):
     # the claim table paper_claims.py reads is the doc's own
     assert len(data["claims"]) >= 7 and all(row in body for row in data["claims"])
     assert {r["vocab"] for r in data["bpb"]} == {300, 400}
+    # every run of the corpus was scored on one held-out text, whatever its V
+    (corpus,) = data["corpora"]
+    assert corpus["runs"] == 12 and len(corpus["heldout"]) == 1 and len(corpus["train"]) == 1
+    assert "(one text for every run)" in body
     assert (
         tmp_path / "work" / "micro-builtin-v400-to-v300-s1" / "tokenizer" / "id_map.json"
     ).exists()

@@ -373,3 +373,35 @@ def test_corpus_streams_are_kept_until_the_corpus_or_tokenizer_changes(
     path.write_text("a different text, of another length\n" * 30)
     again = data.corpus_streams(corpus, heads, "train")
     assert len(encoded) == 3 and again.bytes != first.bytes
+
+
+def test_eval_bytes_scores_every_level_on_one_text(tok_dir):
+    from vocabjax.train import encode_streams, tokenizers_from_dir
+
+    texts = list(heldout_texts())
+    budget = 3000
+    small, large = (
+        encode_streams(tokenizers_from_dir(tok_dir, [v]), texts, max_bytes=budget)
+        for v in (300, 500)
+    )
+    assert small.digest == large.digest and small.bytes == large.bytes
+    assert budget - 3 <= small.bytes <= budget  # cut at a character boundary
+    assert len(large.ids[0]) < len(small.ids[0])  # the larger level takes fewer tokens
+    by_tokens = [
+        encode_streams(tokenizers_from_dir(tok_dir, [v]), texts, max_tokens=800) for v in (300, 500)
+    ]
+    assert by_tokens[0].digest != by_tokens[1].digest  # a token budget reads more text at 500
+    with pytest.raises(UserError, match="eval_bytes=0 must be a positive integer"):
+        config(eval_bytes=0)
+
+
+@pytest.mark.slow
+def test_training_json_names_the_text_read(tmp_path, tok_dir):
+    import json
+
+    cfg = config(tokenizer=str(tok_dir), heads=(300,), steps=2, eval_bytes=2048)
+    result = train(cfg, tmp_path / "r")
+    data = json.loads((tmp_path / "r" / "training.json").read_text())
+    assert data["corpus_digest"] == dict(result.corpus_digest)
+    assert set(data["corpus_digest"]) == {"train", "heldout"}
+    assert all(len(d) == 32 for d in data["corpus_digest"].values())

@@ -87,10 +87,11 @@ class RunConfig:
     # Not part of the training maths (may change on --resume):
     impl: Impl = "auto"  # linear_cross_entropy implementation
     eval_tokens: int = 32768  # held-out tokens of the smallest head evaluated (same text for all)
+    eval_bytes: int | None = None  # instead: the held-out part's first bytes (one text at any V)
     checkpoint_every: int = 100  # steps between checkpoints (0: only at the end)
 
     # Fields a resumed run may change; every other field must match run.json.
-    MUTABLE = ("steps", "impl", "eval_tokens", "checkpoint_every")
+    MUTABLE = ("steps", "impl", "eval_tokens", "eval_bytes", "checkpoint_every")
 
     def __post_init__(self) -> None:
         heads = tuple(self.heads)
@@ -103,6 +104,12 @@ class RunConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise UserError(f"{name}={value!r} must be a positive integer")
+        if self.eval_bytes is not None and (
+            isinstance(self.eval_bytes, bool)
+            or not isinstance(self.eval_bytes, int)
+            or self.eval_bytes <= 0
+        ):
+            raise UserError(f"eval_bytes={self.eval_bytes!r} must be a positive integer")
         for name in ("warmup", "checkpoint_every", "seed"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -274,6 +281,9 @@ _RUN_FIELDS: dict[str, Callable[[Any, str], Any]] = {
     ),
     "tie_embeddings": lambda value, where: boolean(value, where=where),
     "init_from": lambda value, where: None if value is None else text(value, where=where),
+    "eval_bytes": lambda value, where: (
+        None if value is None else integer(value, where=where, minimum=1)
+    ),  # fmt: skip
     "heads_kind": lambda value, where: one_of(value, HEADS_KINDS, where=where),
     "align_weight": lambda value, where: number(value, where=where),
     "compute_dtype": lambda value, where: one_of(value, ("f32", "bf16"), where=where),

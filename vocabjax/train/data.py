@@ -135,30 +135,69 @@ class Streams:
     ids: tuple[np.ndarray, ...]  # int32 token ids per head
     documents: int
     bytes: int  # UTF-8 bytes of the documents' text
+    digest: str = ""  # the documents' text, hashed (``text_digest``): which text it was
 
 
 def encode_streams(
-    heads: Sequence[HeadTokenizer], texts: Iterable[str], *, max_tokens: int | None = None
+    heads: Sequence[HeadTokenizer],
+    texts: Iterable[str],
+    *,
+    max_tokens: int | None = None,
+    max_bytes: int | None = None,
 ) -> Streams:
     """Encode ``texts`` with every head. With ``max_tokens``, stop once the first (smallest)
     head has that many tokens; the last document is cut at a token boundary of the first head,
-    so that every head sees exactly the same text."""
+    so that every head sees exactly the same text. With ``max_bytes`` instead, stop after that
+    many UTF-8 bytes of text, the last document cut at a character boundary: the same text
+    whatever the tokenizer, so runs at different V are evaluated on one text."""
+    if max_tokens is not None and max_bytes is not None:
+        raise ValueError("give max_tokens or max_bytes, not both")
     parts: list[list[np.ndarray]] = [[] for _ in heads]
     count = docs = nbytes = 0
+    digest = text_digest()
     for group in batches(texts, max_docs=256, max_chars=4 << 20):
         if max_tokens is not None:
             group, done = _fit(heads[0], group, max_tokens - count)
+        elif max_bytes is not None:
+            group, done = _fit_bytes(group, max_bytes - nbytes)
         else:
             done = False
         for j, head in enumerate(heads):
             parts[j] += head.encode(group)
         count += sum(len(a) for a in parts[0][len(parts[0]) - len(group) :])
         docs += len(group)
-        nbytes += sum(len(t.encode("utf-8")) for t in group)
+        for text in group:
+            data = text.encode("utf-8")
+            nbytes += len(data)
+            digest.update(len(data).to_bytes(8, "little") + data)
         if done:
             break
     ids = tuple(np.concatenate(p) if p else np.zeros((0,), dtype=np.int32) for p in parts)
-    return Streams(ids=ids, documents=docs, bytes=nbytes)
+    return Streams(ids=ids, documents=docs, bytes=nbytes, digest=digest.hexdigest())
+
+
+def text_digest():
+    """The hash ``Streams.digest`` is: BLAKE2b-128 over each document's UTF-8 length (8 bytes,
+    little-endian) and bytes, in order. Two runs with one digest read the same text; a builtin
+    corpus made on another machine (other packages, another Python) shows a different one."""
+    return hashlib.blake2b(digest_size=16)
+
+
+def _fit_bytes(texts: list[str], budget: int) -> tuple[list[str], bool]:
+    """The texts (the last one cut at a character boundary) whose UTF-8 bytes fit ``budget``;
+    True when the budget is spent."""
+    kept: list[str] = []
+    for text in texts:
+        data = text.encode("utf-8")
+        if len(data) < budget:
+            kept.append(text)
+            budget -= len(data)
+            continue
+        cut = data[:budget].decode("utf-8", errors="ignore")
+        if cut:
+            kept.append(cut)
+        return kept, True
+    return kept, False
 
 
 def _fit(head: HeadTokenizer, texts: list[str], budget: int) -> tuple[list[str], bool]:
@@ -278,20 +317,26 @@ def head_state(head: HeadTokenizer) -> tuple:
 
 
 def corpus_streams(
-    corpus: Corpus, heads: Sequence[HeadTokenizer], split: str, *, max_tokens: int | None = None
+    corpus: Corpus,
+    heads: Sequence[HeadTokenizer],
+    split: str,
+    *,
+    max_tokens: int | None = None,
+    max_bytes: int | None = None,
 ) -> Streams:
     """``encode_streams`` of a corpus split, kept for the process: a later run on the same
     files with the same tokenizers (another seed, another model) reads the kept streams, read
     only, instead of reading and encoding the corpus again. The ``STREAMS_KEPT`` last used
     are kept."""
+    limits = {"max_tokens": max_tokens, "max_bytes": max_bytes}
     state = corpus_state(corpus)
     if state is None:
-        return encode_streams(heads, corpus.texts(split), max_tokens=max_tokens)
-    key = (state, tuple(head_state(h) for h in heads), split, max_tokens)
+        return encode_streams(heads, corpus.texts(split), **limits)
+    key = (state, tuple(head_state(h) for h in heads), split, max_tokens, max_bytes)
     if key in _streams:
         _streams.move_to_end(key)
         return _streams[key]
-    streams = encode_streams(heads, corpus.texts(split), max_tokens=max_tokens)
+    streams = encode_streams(heads, corpus.texts(split), **limits)
     for ids in streams.ids:
         ids.flags.writeable = False
     _streams[key] = streams
@@ -308,14 +353,20 @@ def load_data(
     batch: int,
     seed: int,
     eval_tokens: int,
+    eval_bytes: int | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> tuple[list[Windows], Streams, Streams]:
-    """(training windows per head, the train streams, the held-out streams), checked."""
+    """(training windows per head, the train streams, the held-out streams), checked. The
+    held-out streams are the first ``eval_tokens`` tokens of the smallest head, or with
+    ``eval_bytes`` the first that many bytes of text."""
     train = corpus_streams(corpus, heads, "train")
     windows = [
         Windows.cut(ids, seq_len, seed=seed, head_index=j) for j, ids in enumerate(train.ids)
     ]
-    heldout = corpus_streams(corpus, heads, "heldout", max_tokens=eval_tokens)
+    if eval_bytes is None:
+        heldout = corpus_streams(corpus, heads, "heldout", max_tokens=eval_tokens)
+    else:
+        heldout = corpus_streams(corpus, heads, "heldout", max_bytes=eval_bytes)
     if progress:
         progress(
             f"train part: {train.documents} documents, {train.bytes / 2**20:.2f} MiB; held-out "

@@ -82,6 +82,7 @@ class TrainResult:
     device: str
     seconds: float
     timing: str = ""  # how tokens_per_s was measured (the training loop, or a timing pass)
+    corpus_digest: Mapping[str, str] = dataclasses.field(default_factory=dict)  # part -> hash
 
     def rows(self) -> list[dict[str, Any]]:
         return [h.row() for h in self.heads]
@@ -96,6 +97,7 @@ class TrainResult:
             "device": self.device,
             "seconds": round(self.seconds, 3),
             "tokens_per_s_from": self.timing,
+            "corpus_digest": dict(self.corpus_digest),
             "heads": self.rows(),
         }
 
@@ -218,7 +220,9 @@ def train(
     log("measuring held-out bits per byte and tokens/s per head")
     heads, timing = session.measure(timing_repeats)
     seconds = time.perf_counter() - started
-    result = TrainResult(config, run_dir, end, heads, device_label(mesh), seconds, timing)
+    result = TrainResult(
+        config, run_dir, end, heads, device_label(mesh), seconds, timing, session.digests
+    )
     if jax.process_index() == 0:
         write_profile(result, session.corpus.describe("heldout"))
     log(f"wrote {run_dir / TRAINING_FILE}")
@@ -273,6 +277,7 @@ class _Session:
     windows: list[Windows]
     heldout: Streams
     train_tokens: list[int]
+    digests: dict[str, str]  # the train and held-out parts' text, hashed (``Streams.digest``)
     fn: Functional
     tx: optax.GradientTransformation
     params: Params
@@ -309,6 +314,7 @@ class _Session:
             batch=config.batch,
             seed=config.seed,
             eval_tokens=config.eval_tokens,
+            eval_bytes=config.eval_bytes,
             progress=log,
         )
         fn, params = init_params(config)
@@ -331,6 +337,7 @@ class _Session:
             windows=windows,
             heldout=heldout,
             train_tokens=[int(len(ids)) for ids in train_streams.ids],
+            digests={"train": train_streams.digest, "heldout": heldout.digest},
             fn=fn,
             tx=tx,
             params=params,
@@ -594,6 +601,7 @@ def write_profile(result: TrainResult, corpus: str) -> Path:
         steps=result.step,
         tokens_per_s_from=result.timing,
         corpus=corpus,
+        corpus_digest=dict(result.corpus_digest),
         device=result.device,
         date=date,
         vocabjax=vocabjax.__version__,
