@@ -2,7 +2,7 @@
 and the data behind them (sims/data/quality.json).
 
     python sims/quality.py --plan     # the runs and how long what is left takes; runs nothing
-    python sims/quality.py            # the study: 83 min on two idle CPU cores (its tiny runs 35)
+    python sims/quality.py            # the study: 68 min on two idle CPU cores (its tiny runs 27)
 
 Every figure comes from training runs (``vocabjax.train.train``) kept in ``--work``, one
 directory per run. A run whose training.json exists is read, not run again; a run stopped midway
@@ -36,6 +36,7 @@ import argparse
 import dataclasses
 import json
 import math
+import re
 import statistics
 import sys
 import time
@@ -361,8 +362,23 @@ def bpb_table(a, parts, results) -> tuple[list[str], list[dict[str, Any]]]:
 
 def timing_of(results, jobs: Sequence[Job]) -> str:
     """How the runs ``jobs`` measured their tokens/s (training.json's ``tokens_per_s_from``),
-    the ways joined when they differ (a run trained before the loop was timed says so)."""
-    ways = sorted({results[j.key].get("tokens_per_s_from") or "a timing pass" for j in jobs})
+    the runs timed by their own loop summed up by their range of steps, other ways listed (a
+    run trained before the loop was timed says a timing pass)."""
+    loop, other = [], set()
+    for j in jobs:
+        how = results[j.key].get("tokens_per_s_from") or "a timing pass"
+        found = re.fullmatch(r"the training loop: median of its (\d+) steps after the first", how)
+        if found:
+            loop.append(int(found[1]))
+        else:
+            other.add(how)
+    ways = sorted(other)
+    if loop:
+        ways.insert(
+            0,
+            f"its own training steps: the median step of {min(loop)}-{max(loop)} a run, the "
+            "compiling first left out",
+        )
     return "; ".join(ways)
 
 

@@ -62,6 +62,7 @@ def test_the_study_runs_small_and_resumes(tmp_path, monkeypatch, capsys):
     (corpus,) = data["corpora"]
     assert corpus["runs"] == 12 and len(corpus["heldout"]) == 1 and len(corpus["train"]) == 1
     assert "(one text for every run)" in body
+    assert "each run's from its own training steps: the median step of" in body
     assert (
         tmp_path / "work" / "micro-builtin-v400-to-v300-s1" / "tokenizer" / "id_map.json"
     ).exists()
