@@ -98,3 +98,31 @@ def test_copy_probe_adds_one_per_call_in_place():
 def test_block_returns_its_tree():
     tree = {"a": jnp.ones(3), "b": [1, "text"]}
     assert block(tree) is tree
+
+
+def test_between_runs_before_every_warm_up_and_timed_call_untimed():
+    order = []
+
+    def fn():
+        order.append("call")
+        return jnp.zeros(())
+
+    def evict():
+        order.append("evict")
+        return jnp.zeros(())
+
+    settings = dataclasses.replace(FAST, warmup=2, repeats=3)
+    time_interleaved([fn, fn], [()], settings, between=evict)
+    # two compiling calls, then (evict, call) for each of 2 warm-up and 6 timed calls
+    assert order[:2] == ["call", "call"]
+    assert order[2:] == ["evict", "call"] * 8
+
+
+def test_cache_evictor_writes_a_buffer_of_its_size():
+    from vocabjax.timing import cache_evictor, last_level_cache_bytes
+
+    evict = cache_evictor(4096)
+    first, second = np.asarray(evict()), np.asarray(evict())
+    assert first.nbytes == 4096 and np.all(second == first + 1)
+    llc = last_level_cache_bytes()
+    assert llc is None or llc >= 2**10

@@ -17,6 +17,7 @@ import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -103,14 +104,22 @@ def time_call(
 
 
 def time_interleaved(
-    fns: Sequence[Callable[..., Any]], arg_sets: Sequence[tuple], settings: TimingSettings
+    fns: Sequence[Callable[..., Any]],
+    arg_sets: Sequence[tuple],
+    settings: TimingSettings,
+    *,
+    between: Callable[[], Any] | None = None,
 ) -> list[float]:
     """Median wall time of each of ``fns``, timed round-robin: every round calls each function
     once (starting at a different one each round), so all of them see the same machine load;
-    consecutive calls take consecutive input sets. Slow points get fewer rounds."""
+    consecutive calls take consecutive input sets. Slow points get fewer rounds. ``between``
+    (``cache_evictor()``) runs, untimed, before every warm-up and timed call: without it a
+    function that follows one reading the same arrays finds them in the cache, and in a fixed
+    round-robin order it follows that one every round."""
     if not fns:
         return []
     n = len(arg_sets)
+    pause = (lambda: block(between())) if between is not None else (lambda: None)
     firsts = []
     for fn in fns:  # compiles (the functions were already checked once)
         t0 = time.perf_counter()
@@ -121,6 +130,7 @@ def time_interleaved(
     for _ in range(0 if slow else settings.warmup - 1):
         for fn in fns:
             call += 1
+            pause()
             block(fn(*arg_sets[call % n]))
     times: list[list[float]] = [[] for _ in fns]
     for r in range(settings.min_repeats if slow else settings.repeats):
@@ -128,12 +138,40 @@ def time_interleaved(
             j = (r + k) % len(fns)
             call += 1
             args = arg_sets[call % n]
+            pause()
             t0 = time.perf_counter()
             block(fns[j](*args))
             times[j].append(time.perf_counter() - t0)
         if r + 1 >= settings.min_repeats and min(t[0] for t in times) > settings.slow_call_s:
             break
     return [statistics.median(t) for t in times]
+
+
+EVICT_BYTES = 256 * 2**20  # written between timed calls where the last-level cache is unknown
+
+
+def last_level_cache_bytes() -> int | None:
+    """The CPU's largest cache (sysfs), or None where it cannot be read."""
+    best = None
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        try:
+            text = path.read_text().strip().upper()
+            value = int(text.rstrip("KMG")) * {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1], 1)
+        except (OSError, ValueError, IndexError):
+            continue
+        best = value if best is None else max(best, value)
+    return best
+
+
+def cache_evictor(nbytes: int | None = None) -> Callable[[], jax.Array]:
+    """A call that writes a device buffer of ``nbytes`` (default: four times the CPU's
+    last-level cache, or ``EVICT_BYTES`` on an accelerator or where it is unknown), so the next
+    timed call reads its operands from memory, not from what the previous call left cached."""
+    if nbytes is None:
+        llc = last_level_cache_bytes() if jax.default_backend() == "cpu" else None
+        nbytes = 4 * llc if llc else EVICT_BYTES
+    step, _ = copy_probe(nbytes)
+    return step
 
 
 def copy_probe(nbytes: int) -> tuple[Callable[..., jax.Array], int]:
