@@ -52,6 +52,7 @@ from vocabjax.errors import UserError
 from vocabjax.models import GPTConfig
 from vocabjax.outputs import atomic_write_text
 from vocabjax.shapes import load_shape
+from vocabjax.train.run import LOOP_TIMING
 from vocabjax.units import parse_size, parse_size_list
 
 DATA = ROOT / "sims" / "data" / "quality.json"
@@ -367,7 +368,7 @@ def timing_of(results, jobs: Sequence[Job]) -> str:
     loop, other = [], set()
     for j in jobs:
         how = results[j.key].get("tokens_per_s_from") or "a timing pass"
-        found = re.fullmatch(r"the training loop: median of its (\d+) steps after the first", how)
+        found = re.fullmatch(re.escape(LOOP_TIMING).replace(re.escape("{}"), r"(\d+)"), how)
         if found:
             loop.append(int(found[1]))
         else:
@@ -660,7 +661,8 @@ def report(a, parts, results, comp, seconds: float) -> tuple[str, dict[str, Any]
     saving = parameter_saving(a)
     speeds = throughput_rows(a, rows)
     claims = claim_rows(a, spreads, pruned, heads, saving, speeds, comp)
-    body = report_body(a, parts, results, comp, seconds, claims, table, heads, saving)
+    corpora = corpus_rows(a, parts, results)
+    body = report_body(a, parts, results, comp, seconds, claims, table, heads, saving, corpora)
     data = {
         "schema": 1,
         "kind": "quality_study",
@@ -673,7 +675,7 @@ def report(a, parts, results, comp, seconds: float) -> tuple[str, dict[str, Any]
         "heads": heads,
         "parameter_saving": saving,
         "throughput": speeds,
-        "corpora": corpus_rows(a, parts, results),
+        "corpora": corpora,
         "claims": claims,  # docs/quality.md's claim table, row by row (paper_claims.py reads it)
         "compression": comp,
         "runs": results,
@@ -729,7 +731,9 @@ def claim_rows(a, spreads, pruned, heads, saving, speeds, comp) -> list[str]:
     return claims
 
 
-def report_body(a, parts, results, comp, seconds, claims, table, heads, saving) -> list[str]:
+def report_body(
+    a, parts, results, comp, seconds, claims, table, heads, saving, corpora
+) -> list[str]:
     """The sections of docs/quality.md: the settings, the claims and each part's table. Most of
     its length is the documents' prose, kept in one place so it reads in order."""
     n = len(a.seeds)
@@ -770,7 +774,7 @@ def report_body(a, parts, results, comp, seconds, claims, table, heads, saving) 
         "`corpus_digest`; the builtin corpora are made from what this machine has installed, so "
         "another machine's differ):",
         "",
-        *corpus_lines(corpus_rows(a, parts, results)),
+        *corpus_lines(corpora),
         "",
         "## Pruned initialisation",
         "",

@@ -100,16 +100,12 @@ class RunConfig:
         if list(heads) != sorted(set(heads)):
             raise UserError(f"heads={list(heads)} must be distinct and increasing")
         positive = ("steps", "seq_len", "batch", "eval_tokens")
+        if self.eval_bytes is not None:
+            positive += ("eval_bytes",)
         for name in positive:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise UserError(f"{name}={value!r} must be a positive integer")
-        if self.eval_bytes is not None and (
-            isinstance(self.eval_bytes, bool)
-            or not isinstance(self.eval_bytes, int)
-            or self.eval_bytes <= 0
-        ):
-            raise UserError(f"eval_bytes={self.eval_bytes!r} must be a positive integer")
         for name in ("warmup", "checkpoint_every", "seed"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:

@@ -135,7 +135,7 @@ class Streams:
     ids: tuple[np.ndarray, ...]  # int32 token ids per head
     documents: int
     bytes: int  # UTF-8 bytes of the documents' text
-    digest: str = ""  # the documents' text, hashed (``text_digest``): which text it was
+    digest: str  # the documents' text, hashed (``text_digest``): which text it was
 
 
 def encode_streams(
@@ -363,10 +363,8 @@ def load_data(
     windows = [
         Windows.cut(ids, seq_len, seed=seed, head_index=j) for j, ids in enumerate(train.ids)
     ]
-    if eval_bytes is None:
-        heldout = corpus_streams(corpus, heads, "heldout", max_tokens=eval_tokens)
-    else:
-        heldout = corpus_streams(corpus, heads, "heldout", max_bytes=eval_bytes)
+    tokens = eval_tokens if eval_bytes is None else None
+    heldout = corpus_streams(corpus, heads, "heldout", max_tokens=tokens, max_bytes=eval_bytes)
     if progress:
         progress(
             f"train part: {train.documents} documents, {train.bytes / 2**20:.2f} MiB; held-out "

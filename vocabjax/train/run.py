@@ -57,6 +57,7 @@ from vocabjax.vocab import NestedBPE, Pruned, save_nested, train_nested, write_p
 TRAINING_FILE = "training.json"
 RECENT = 20  # the reported train loss is the mean over this many last steps
 LOOP_TIMING_STEPS = 10  # a one-head run timed over at least this many steps reads its own loop
+LOOP_TIMING = "the training loop: median of its {} steps after the first"  # tokens_per_s_from
 
 
 @dataclasses.dataclass(frozen=True)
@@ -504,7 +505,7 @@ class _Session:
         n = len(self.step_seconds)
         if len(self.heads) == 1 and n >= LOOP_TIMING_STEPS:
             speeds = [cfg.batch * cfg.seq_len / float(np.median(self.step_seconds))]
-            timing = f"the training loop: median of its {n} steps after the first"
+            timing = LOOP_TIMING.format(n)
             return self._results(evals, speeds), timing
         speeds = throughput(
             self.fn,

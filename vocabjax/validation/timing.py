@@ -7,9 +7,9 @@ call blocks until its results are ready. A noisy machine so slows every point al
 every call a buffer of four times the last-level cache is written (``timing.cache_evictor``),
 so each call reads its weights from memory rather than a warm cache: in a rotating order a
 point always follows the same point, and one that follows a point reading the same weights
-(decode at T = 512 after decode at T = 64, same V) found them cached every round and measured
-up to 2.1x faster than its neighbour (the full grid of 2026-12-04: `tiny` V = 16k B = 1, 0.38
-against 0.79 ms). Each model shape's points share one set of parameters
+(decode at T = 512 after decode at T = 64, same V) can find them cached every round (the full
+grid of 2026-12-04, without eviction: `tiny` V = 16k B = 1, 0.38 ms at T = 512 against 0.79
+at T = 64; docs/validation.md). Each model shape's points share one set of parameters
 (``Group``); every group stays resident while the rounds run.
 
 What each family's call runs (float32 throughout, parameters drawn from a fixed seed):
