@@ -1552,8 +1552,10 @@ def autotune(vocab, batch, d_model, dtype, ops, quick, out, fmt):
     "--from",
     "saved",
     type=click.Path(dir_okay=False),
+    multiple=True,
     help="Time nothing: read a run that --out saved and price its measured points again with "
-    "today's cost model (and --fit them).",
+    "today's cost model (and --fit them). Repeat it to combine runs of one grid: each "
+    "point's median over them.",
 )
 @click.option(
     "--grid",
@@ -1599,6 +1601,7 @@ def validate(device, quick, grid_name, saved, fit, fit_on, save_profile, out, pl
             --plot validation.png
         python cli.py validate --quick --fit --save-profile profiles/cpu-calibrated.json
         python cli.py validate --from validation.json --fit      # refit a saved run
+        python cli.py validate --from run1.json --from run2.json --from run3.json --fit
     """
     from vocabjax import validation
     from vocabjax.hardware import save_device
@@ -1614,8 +1617,11 @@ def validate(device, quick, grid_name, saved, fit, fit_on, save_profile, out, pl
         raise click.UsageError("--save-profile needs --fit")
     families = fit_families(fit_on)
     if saved:
-        result = validation.read_validation(saved, device)
-        log(f"validate: {len(result.results)} points of {saved} ({result.date}) priced again")
+        result = validation.read_validations(saved, device)
+        what = saved[0] if len(saved) == 1 else f"{len(saved)} runs, each point's median"
+        log(f"validate: {len(result.results)} points of {what} ({result.date}) priced again")
+        if result.runs > 1:
+            log(_runs_spread_line(result))
     else:
         name = grid_name or ("quick" if quick else "full")
         result = validation.validate(device or validation.MEASURE, name, progress=log)
@@ -1641,6 +1647,25 @@ def validate(device, quick, grid_name, saved, fit, fit_on, save_profile, out, pl
         emit(render.rows(validation.point_rows(result), "csv"))
     else:
         emit(_validation_text(result, calibrated, fmt))
+
+
+def _runs_spread_line(result) -> str:
+    """How far the combined runs agree: each step point's (max - min) / median over them."""
+    import statistics
+
+    from vocabjax.validation.grid import STEP_FAMILIES
+
+    spread = [
+        r.runs_spread_pct
+        for r in result.results
+        if r.point.family in STEP_FAMILIES and r.runs_spread_pct is not None
+    ]
+    if not spread:
+        return f"validate: {result.runs} runs combined"
+    return (
+        f"validate: {result.runs} runs combined; a step's runs spread (max - min over the "
+        f"median) {statistics.median(spread):.1f}% median, {max(spread):.0f}% worst"
+    )
 
 
 def _validation_text(result, calibrated, fmt: str) -> str:

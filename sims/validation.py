@@ -3,11 +3,12 @@
     python sims/validation.py        # seconds: prices the committed runs again, times nothing
 
 Data: ``validate --out`` runs kept in sims/data/ (each point's measured seconds, the grid and
-the profile it priced with; ``vocabjax.validation.measured_fields``): the full grid once and the
-quick grid twice, minutes apart. Every prediction is made again by today's cost model
-(``read_validation``, as ``validate --from`` does) and fitted as ``validate --fit`` fits: two
-thirds of the step points by a hash of each point, the rest and every op held out. The two
-quick runs, timed one after the other, say how far this machine repeats itself.
+the profile it priced with; ``vocabjax.validation.measured_fields``): the full grid three times
+and the quick grid five times, each run in a fresh process, minutes apart. Each point's time is
+its median over the runs of its grid (``combine_runs``, as ``validate --from A --from B ...``
+does); every prediction is made again by today's cost model and fitted as ``validate --fit``
+fits: two thirds of the step points by a hash of each point, the rest and every op held out.
+Each run against the medians says how far this machine repeats itself.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from vocabjax.validation.fit import calibrate
 from vocabjax.validation.grid import FAMILIES, STEP_FAMILIES
 
 DATA = ROOT / "sims" / "data"
-FULL = "validation_cpu_full.json"
-QUICK = ("validation_cpu_quick_1.json", "validation_cpu_quick_2.json")
+FULL = tuple(f"validation_cpu_full_{i}.json" for i in (1, 2, 3))
+QUICK = tuple(f"validation_cpu_quick_{i}.json" for i in (1, 2, 3, 4, 5))
 FIGURE = "validation_cpu_full.png"
 TARGET = (10.0, 30.0)  # issue 10: median and worst |error| of the held-out steps, percent
 
@@ -88,17 +89,31 @@ def worst(cal, n: int = 10) -> list[str]:
     return lines
 
 
-def repeatability(a, b) -> list[str]:
-    """|difference| of each point's time between two runs of one grid, percent of the first."""
-    first = {r.point.label(): r.measured_s for r in a.results}
+def repeatability(runs, combined) -> list[str]:
+    """|difference| of each point's time in each run from its median over the runs, percent of
+    the median, by family."""
+    median = {r.point.label(): r.measured_s for r in combined.results}
     lines = ["| family | points | median | worst |", "|---|---:|---:|---:|"]
     for fams, name in [((f,), f) for f in FAMILIES] + [(STEP_FAMILIES, "**steps**")]:
         d = [
-            100 * abs(r.measured_s / first[r.point.label()] - 1)
-            for r in b.results
-            if r.point.family in fams and r.point.label() in first
+            100 * abs(r.measured_s / median[r.point.label()] - 1)
+            for v in runs
+            for r in v.results
+            if r.point.family in fams
         ]
-        lines.append(f"| {name} | {len(d)} | {statistics.median(d):.1f} | {max(d):.0f} |")
+        n = sum(r.point.family in fams for r in combined.results)
+        lines.append(f"| {name} | {n} | {statistics.median(d):.1f} | {max(d):.0f} |")
+    return lines
+
+
+def each_run(names, runs) -> list[str]:
+    """One line per run: where and when it was timed, and its held-out steps after its own
+    fit."""
+    lines = []
+    for name, v in zip(names, runs, strict=True):
+        m, w = steps_after(calibrate(v))
+        lines.append(f"- {run_line(v, name)} Fitted alone, held-out steps after: {m:.1f}% median, "
+                     f"{w:.0f}% worst.")  # fmt: skip
     return lines
 
 
@@ -113,24 +128,31 @@ def run_line(v, name: str) -> str:
 
 
 def main() -> None:
-    full = validation.read_validation(DATA / FULL)
+    full_runs = [validation.read_validation(DATA / name) for name in FULL]
+    full = validation.combine_runs(full_runs, FULL)
     cal = calibrate(full)
     validation.plot(full, figure_path(FIGURE), caption="python sims/validation.py",
                     calibrated=cal)  # fmt: skip
     median, worst_ = steps_after(cal)
-    quick = [validation.read_validation(DATA / name) for name in QUICK]
-    quick_fits = [calibrate(v) for v in quick]
+    quick_runs = [validation.read_validation(DATA / name) for name in QUICK]
+    quick = validation.combine_runs(quick_runs, QUICK)
+    quick_cal = calibrate(quick)
     met = median <= TARGET[0] and worst_ <= TARGET[1]
+    q_median, q_worst = steps_after(quick_cal)
+    from_files = " ".join(f"--from sims/data/{name}" for name in FULL)
     body = [
         "The cost model against this project's own model, serving engine and training step on",
         "this CPU: runs of `python cli.py validate` kept in `sims/data/`, priced again by today's",
-        "cost model and fitted as `validate --fit` fits them (`validate --from FILE --fit` does",
-        "the same for one file). How the points are timed and what the fit fits:",
-        "[validation.md](validation.md).",
+        "cost model and fitted as `validate --fit` fits them. Each grid was timed several times,",
+        "in fresh processes minutes apart, and each point's time is its median over the runs",
+        f"(`python cli.py validate {from_files} --fit` does the same). How the points are timed",
+        "and what the fit fits: [validation.md](validation.md).",
         "",
-        "## The full grid",
+        f"## The full grid, {len(FULL)} runs",
         "",
-        run_line(full, FULL),
+        *each_run(FULL, full_runs),
+        "",
+        f"Each point's median over the {len(FULL)} runs, priced on the first run's ceilings: "
         f"{len(cal.fit.fit_keys)} step points fitted; the other steps and every op held out.",
         "",
         f"![predicted against measured, before and after the fit]({FIGURE})",
@@ -149,19 +171,25 @@ def main() -> None:
         "",
         *worst(cal),
         "",
-        "## The quick grid, twice",
+        "How far the machine repeats itself: each point's time in each run against its median",
+        "over the runs (the same grid and code). A prediction cannot be expected to come closer",
+        "to a point than the point comes to itself; the median of the runs comes closer than",
+        "any one run.",
         "",
-    ]
-    for name, v, c in zip(QUICK, quick, quick_fits, strict=True):
-        m, w = steps_after(c)
-        body += [run_line(v, name), f"Held-out steps after the fit: {m:.1f}% median, {w:.0f}% "
-                 "worst.", "", *error_table(v, c), ""]  # fmt: skip
-    body += [
-        "How far the machine repeats itself: each point's time in the second quick run against",
-        "the first (the same grid, the same code, minutes apart). A prediction cannot be",
-        "expected to come closer to a point than the point comes to itself.",
+        *repeatability(full_runs, full),
         "",
-        *repeatability(*quick),
+        f"## The quick grid, {len(QUICK)} runs",
+        "",
+        *each_run(QUICK, quick_runs),
+        "",
+        f"Each point's median over the {len(QUICK)} runs: held-out steps after the fit "
+        f"**{q_median:.1f}% median, {q_worst:.0f}% worst**.",
+        "",
+        *error_table(quick, quick_cal),
+        "",
+        "Each run against the median:",
+        "",
+        *repeatability(quick_runs, quick),
     ]
     write_doc("validation_cpu.md", "The cost model against measured runs on this CPU",
               "\n".join(body))  # fmt: skip

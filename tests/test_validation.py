@@ -611,3 +611,55 @@ def test_a_busy_machine_is_a_warning_and_its_load_is_recorded(monkeypatch, profi
     monkeypatch.setattr(validation_run.os, "getloadavg", lambda: (0.2, 0.2, 0.2))
     quiet = invoke("--grid", "test", "--device", str(profile_path), "--format", "json")
     assert "load average" not in quiet.stderr and json.loads(quiet.stdout)["load_average"] == 0.2
+
+
+# ---- several runs of one grid combined (--from, repeated) ---------------------------------------
+
+
+def _runs(monkeypatch, tmp_path, profile_path, scales=(1e-3, 3e-3, 2e-3)) -> list[Path]:
+    paths = []
+    for i, scale in enumerate(scales):
+        fake_times(monkeypatch, scale)
+        path = tmp_path / f"run{i}.json"
+        result = invoke("--grid", "test", "--device", str(profile_path), "--out", str(path))
+        assert result.exit_code == 0, result.output
+        paths.append(path)
+    return paths
+
+
+def test_runs_combine_into_each_points_median(monkeypatch, tmp_path, profile_path):
+    """Each point's time is its median over the runs, its spread (max - min) / median; the
+    document says how many runs, and a combined run saved and read back stays combined."""
+    paths = _runs(monkeypatch, tmp_path, profile_path)
+    single = [json.loads(p.read_text())["points"] for p in paths]
+    args = [a for p in paths for a in ("--from", str(p))]
+    result = invoke(*args, "--format", "json", "--out", str(tmp_path / "all.json"))
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["runs"] == 3 and "3 runs combined" in result.stderr
+    for i, p in enumerate(doc["points"]):
+        times = [run[i]["measured_s"] for run in single]
+        assert p["measured_s"] == statistics.median(times)
+        spread = 100 * (max(times) - min(times)) / p["measured_s"]
+        assert p["runs_spread_pct"] == pytest.approx(spread)
+        assert p["predicted_s"] == single[0][i]["predicted_s"]  # priced as the first run
+    back = validation.read_validation(tmp_path / "all.json")
+    assert back.runs == 3 and back.results[0].runs_spread_pct == pytest.approx(100.0)
+    table = invoke(*args, "--format", "csv")
+    assert "runs_spread_pct" in table.stdout.splitlines()[0]
+    assert validation.read_validations(paths[:1]).runs == 1  # one run is itself
+
+
+@pytest.mark.parametrize("edit", ["grid", "points"])
+def test_runs_of_different_grids_do_not_combine(monkeypatch, tmp_path, profile_path, edit):
+    a, b = _runs(monkeypatch, tmp_path, profile_path, (1e-3, 2e-3))
+    data = json.loads(b.read_text())
+    if edit == "grid":
+        data["grid"]["decode_steps"] += 1
+    else:
+        data["points"].pop()
+    b.write_text(json.dumps(data))
+    result = invoke("--from", str(a), "--from", str(b))
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    errors = [x for x in result.output.splitlines() if x.startswith("Error:")]
+    assert len(errors) == 1 and "only runs of one grid combine" in errors[0], result.output

@@ -6,7 +6,8 @@ engine and training step over a grid, beside the cost model's prediction for eac
     prediction.py  the cost model's figure per point (CostModel on Python floats, float32)
     timing.py      building each point's call and timing all points round-robin
     run.py         ``validate()``: the device (a profile, or ceilings measured now), the run
-    saved.py       ``read_validation()``: a saved run read back and priced again
+    saved.py       ``read_validation()``: a saved run read back and priced again;
+                   ``combine_runs()``: several runs of one grid as each point's median
     report.py      rows, the error summary, the JSON document, the predicted/measured figure
 """
 
@@ -29,7 +30,12 @@ from vocabjax.validation.run import (
     profile_kind,
     validate,
 )
-from vocabjax.validation.saved import measured_fields, read_validation
+from vocabjax.validation.saved import (
+    combine_runs,
+    measured_fields,
+    read_validation,
+    read_validations,
+)
 
 __all__ = [
     "FAMILIES",
@@ -42,6 +48,7 @@ __all__ = [
     "Result",
     "Validation",
     "call_flops",
+    "combine_runs",
     "device_mismatch",
     "document",
     "get_grid",
@@ -53,6 +60,7 @@ __all__ = [
     "predict",
     "profile_kind",
     "read_validation",
+    "read_validations",
     "summary",
     "summary_rows",
     "validate",

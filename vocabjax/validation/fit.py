@@ -74,8 +74,9 @@ def calibrate(v: Validation, families: Sequence[str] = STEP_FAMILIES) -> Calibra
     ``families`` (by default the steps: decode, prefill, train, the times the simulator's
     answers are made of; an op called alone runs colder than inside a step, see
     docs/validation.md)."""
+    runs = f" (each point the median of {v.runs} runs)" if v.runs > 1 else ""
     source = (
-        f"validate --grid {v.grid.name} on {v.running_on} ({v.host}), {v.date}; "
+        f"validate --grid {v.grid.name} on {v.running_on} ({v.host}), {v.date}{runs}; "
         f"fitted on {', '.join(families)}"
     )
     chosen = [sample(r) for r in v.results if r.point.family in families]

@@ -79,6 +79,7 @@ def point_json(r: Result) -> dict[str, Any]:
         "predicted_s": q.predicted_s,
         "measured_s": r.measured_s,
         "compile_s": r.compile_s,
+        **({} if r.runs_spread_pct is None else {"runs_spread_pct": r.runs_spread_pct}),
         "error_pct": r.error_pct,
         "bound": q.bound,
         "ops": [o.to_json() for o in q.ops],
@@ -147,6 +148,7 @@ def document(
         "load_average": v.load_average,
         "command": command,
         "seconds": v.seconds,
+        "runs": v.runs,
         "device": device_json(v),
         "grid": grid_json(v),
         "points": [point_json(r) for r in v.results],
@@ -164,8 +166,9 @@ def document(
 
 
 def point_rows(v: Validation) -> list[dict[str, Any]]:
-    """One row per point, in ``COLUMNS``."""
-    return [{c: point_json(r)[c] for c in COLUMNS} for r in v.results]
+    """One row per point, in ``COLUMNS`` (and the runs' spread for combined runs)."""
+    columns = COLUMNS + (("runs_spread_pct",) if v.runs > 1 else ())
+    return [{c: point_json(r).get(c) for c in columns} for r in v.results]
 
 
 def summary_rows(v: Validation, results: Sequence[Result] | None = None) -> list[dict[str, Any]]:
@@ -182,8 +185,10 @@ def summary_rows(v: Validation, results: Sequence[Result] | None = None) -> list
 
 def headline(v: Validation) -> str:
     d = v.device
+    runs = f", each point the median of {v.runs} runs" if v.runs > 1 else ""
     return (
-        f"validate on {v.running_on} ({v.host}), grid {v.grid.name!r}, {len(v.results)} points "
+        f"validate on {v.running_on} ({v.host}), grid {v.grid.name!r}, {len(v.results)} points"
+        f"{runs} "
         f"({len(v.skipped)} over the FLOP cap left out); predictions from {d.name!r}: "
         f"{d.flops(DTYPE) / 1e9:.4g} GFLOP/s f32, {d.hbm_bandwidth / 1e9:.4g} GB/s, "
         f"launch {d.launch_overhead_s * 1e6:.3g} us, dispatch {d.dispatch_overhead_s * 1e6:.3g} us "

@@ -40,6 +40,8 @@ class Result:
     prediction: Prediction
     measured_s: float  # median seconds per step (decode: per step of the loop) or per op
     compile_s: float  # seconds to compile the point's call (an engine build: with its warm-up)
+    # several runs combined (``combine_runs``): (max - min) / median of the point's runs, in %
+    runs_spread_pct: float | None = None
 
     @property
     def error_pct(self) -> float:
@@ -62,6 +64,7 @@ class Validation:
     host: str  # machine, processor, cores, jax version
     seconds: float  # wall time of the run
     load_average: float = 0.0  # this machine's 1-minute load average before the timing began
+    runs: int = 1  # runs of the grid whose per-point medians these are (``combine_runs``)
 
 
 def running_kind() -> str:

@@ -1,8 +1,9 @@
 """A saved validation run read back: ``validate --from FILE`` re-prices and refits it without
-timing anything again.
+timing anything again; several runs of one grid combine into their per-point medians.
 
     v = read_validation("validation.json")             # priced on the run's own profile
     v = read_validation("validation.json", "a100-80gb")  # or on another one
+    v = read_validations(["run1.json", "run2.json", "run3.json"])  # each point's median
 
 Only what was measured is read: the grid, the profile the run priced with, and per point its
 family, shape, V, B, T, measured and compile seconds. Every prediction is recomputed by today's
@@ -11,7 +12,10 @@ cost model, so a run made once can be priced again after the model or the profil
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import statistics
+from collections.abc import Sequence
 from typing import Any
 
 from vocabjax.errors import UserError
@@ -41,6 +45,7 @@ from vocabjax.validation.run import (
 
 KIND = "validation"
 _POINT_FIELDS = ("family", "shape", "vocab", "batch", "context", "measured_s", "compile_s")
+_POINT_OPTIONAL = ("runs_spread_pct",)  # written by a combined run (``combine_runs``)
 
 
 def _grid(data: Any, *, where: str) -> Grid:
@@ -99,6 +104,11 @@ def _result(data: Any, grid: Grid, device: DeviceProfile, *, where: str) -> Resu
         predict(point, device, decode_steps=grid.decode_steps),
         positive_number(p["measured_s"], where=f"{where}.measured_s"),
         positive_number(p["compile_s"], where=f"{where}.compile_s", allow_zero=True),
+        None
+        if p.get("runs_spread_pct") is None
+        else positive_number(
+            p["runs_spread_pct"], where=f"{where}.runs_spread_pct", allow_zero=True
+        ),
     )
 
 
@@ -139,14 +149,84 @@ def read_validation(
         load_average=positive_number(
             data.get("load_average", 0.0), where=f"{where}: load_average", allow_zero=True
         ),
+        runs=integer(data.get("runs", 1), where=f"{where}: runs", minimum=1),
     )
 
 
 def measured_fields(doc: dict[str, Any]) -> dict[str, Any]:
     """``doc`` (a validation JSON) with each point cut to what was measured: what
     ``read_validation`` reads, a fraction of the size, for keeping a run as data."""
-    keep = ("schema", "kind", "date", "host", "load_average", "command", "seconds", "device",
-            "grid")  # fmt: skip
+    keep = ("schema", "kind", "date", "host", "load_average", "command", "seconds", "runs",
+            "device", "grid")  # fmt: skip
     out = {k: doc[k] for k in keep if k in doc}
-    out["points"] = [{k: p[k] for k in _POINT_FIELDS} for p in doc["points"]]
+    out["points"] = [
+        {k: p[k] for k in _POINT_FIELDS + _POINT_OPTIONAL if k in p} for p in doc["points"]
+    ]
     return out
+
+
+def combine_runs(runs: Sequence[Validation], names: Sequence[str] | None = None) -> Validation:
+    """Runs of one grid as one: each point's median time (and compile time) over the runs, its
+    spread (``runs_spread_pct``: max - min over the median), priced as the first run prices it.
+
+    A run's points keep one state for minutes (this 2-core guest measured a 250 ms training
+    step at 252 ms in one run and 385 ms in the next, every round of each alike), so more
+    rounds in one run do not remove it; runs made apart, in fresh processes, do."""
+    if not runs:
+        raise UserError("no validation runs to combine")
+    names = list(names or (f"run {i + 1}" for i in range(len(runs))))
+    first = runs[0]
+    if len(runs) == 1:
+        return first
+    labels = [r.point.label() for r in first.results]
+    times: dict[str, list[float]] = {label: [] for label in labels}
+    compiles: dict[str, list[float]] = {label: [] for label in labels}
+    for name, v in zip(names, runs, strict=True):
+        if v.grid != first.grid:
+            raise UserError(
+                f"{name}: grid {v.grid.name!r} is not the grid of {names[0]} "
+                f"({first.grid.name!r}, or its axes differ): only runs of one grid combine"
+            )
+        own = {r.point.label(): r for r in v.results}
+        if own.keys() != times.keys():
+            raise UserError(
+                f"{name}: {len(own.keys() ^ times.keys())} points differ from {names[0]}'s: "
+                "only runs of one grid combine"
+            )
+        for label, r in own.items():
+            times[label].append(r.measured_s)
+            compiles[label].append(r.compile_s)
+
+    def one(r: Result) -> Result:
+        ts = times[r.point.label()]
+        median = statistics.median(ts)
+        return dataclasses.replace(
+            r,
+            measured_s=median,
+            compile_s=statistics.median(compiles[r.point.label()]),
+            runs_spread_pct=100.0 * (max(ts) - min(ts)) / median,
+        )
+
+    hosts = list(dict.fromkeys(v.host for v in runs))
+    return dataclasses.replace(
+        first,
+        results=tuple(one(r) for r in first.results),
+        date=f"{first.date} .. {runs[-1].date}" if runs[-1].date != first.date else first.date,
+        host="; ".join(hosts),
+        seconds=sum(v.seconds for v in runs),
+        load_average=max(v.load_average for v in runs),
+        runs=sum(v.runs for v in runs),
+    )
+
+
+def read_validations(
+    paths: Sequence[str | os.PathLike], device: DeviceProfile | str | None = None
+) -> Validation:
+    """The runs ``validate --out`` wrote to ``paths`` (one or more, of one grid), each point's
+    median over them (``combine_runs``), priced on ``device`` (default: the first run's
+    profile)."""
+    if not paths:
+        raise UserError("no validation runs to read")
+    first = read_validation(paths[0], device)
+    rest = [read_validation(p, first.device if device is None else device) for p in paths[1:]]
+    return combine_runs([first, *rest], [str(p) for p in paths])

@@ -1,0 +1,87 @@
+"""Points of a saved validation run timed again in a group of their own, beside the time the
+whole grid's run measured for them.
+
+    python benchmarks/validation_context.py --from sims/data/validation_cpu_full_1.json \
+        --point "prefill tiny V=1024 B=64 T=512" --point "prefill tiny V=4096 B=64 T=512"
+
+``--from`` repeated takes each point's median over runs of one grid, as ``validate`` does.
+
+Each point is built exactly as ``validate`` built it in that run (``validation.timing.Group``
+over the run's grid: its parameters drawn at the grid's largest V and longest sequence, a decode
+point sharing its engine with the prefill of its (V, B, T) where the grid has one) and timed by
+the same timer (``timing.time_interleaved``, the cache evicted before every call), in
+``--rounds`` rounds over the chosen points only. A point that takes much longer inside the grid
+than in a group of its own is slowed by what the grid holds around it, not by its own work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _report import header  # noqa: E402
+
+from vocabjax import render  # noqa: E402
+from vocabjax.timing import cache_evictor, time_interleaved  # noqa: E402
+from vocabjax.validation import read_validations  # noqa: E402
+from vocabjax.validation.timing import Group  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--from",
+        dest="saved",
+        action="append",
+        required=True,
+        help="a run `validate --out` saved; repeat it for runs of one grid (each point's median)",
+    )
+    p.add_argument(
+        "--point", action="append", required=True, help='a point\'s label, "decode tiny V=..."'
+    )
+    p.add_argument("--rounds", type=int, default=9, help="timed rounds [9]")
+    p.add_argument("--format", default="markdown", choices=["table", "markdown", "csv", "json"])
+    args = p.parse_args(argv)
+    run = read_validations(args.saved)
+    source = ", ".join(args.saved)
+    by_label = {r.point.label(): r for r in run.results}
+    unknown = [x for x in args.point if x not in by_label]
+    if unknown:
+        sys.exit(f"Error: {unknown[0]!r} is not a point of {source}")
+    chosen = [by_label[x] for x in args.point]
+    header(
+        __file__,
+        argv,
+        f"{len(chosen)} points of {source} ({run.date}, grid {run.grid.name!r}, {run.runs} runs) "
+        "timed in "
+        f"a group of their own, {args.rounds} rounds, cache evicted before every call",
+    )
+    grid_points = run.grid.points()
+    groups = {
+        shape: Group(shape, run.grid, [q for q in grid_points if q.shape == shape])
+        for shape in dict.fromkeys(r.point.shape for r in chosen)
+    }
+    calls = [groups[r.point.shape].build(r.point)[0] for r in chosen]
+    settings = dataclasses.replace(run.grid.timing, repeats=args.rounds, min_repeats=args.rounds)
+    times = time_interleaved(calls, [()], settings, between=cache_evictor())
+    rows = []
+    for r, t in zip(chosen, times, strict=True):
+        own = t / (run.grid.decode_steps if r.point.family == "decode" else 1)
+        rows.append(
+            {
+                "point": r.point.label(),
+                "in_the_grid_ms": r.measured_s * 1e3,
+                "runs_spread_pct": r.runs_spread_pct,
+                "alone_ms": own * 1e3,
+                "grid_over_alone": r.measured_s / own,
+            }
+        )
+    print(render.rows(rows, args.format))
+
+
+if __name__ == "__main__":
+    main()
