@@ -7,9 +7,16 @@ import pytest
 
 from vocabjax.costmodel import CostModel, Settings
 from vocabjax.errors import UserError
-from vocabjax.hardware import load_device
+from vocabjax.hardware import DeviceProfile, load_device
 from vocabjax.lifecycle import DEFAULT_VOCAB
-from vocabjax.planning import kv_table, make_plan, parse_workload, policy_json, subset_masks
+from vocabjax.planning import (
+    decode_routes,
+    kv_table,
+    make_plan,
+    parse_workload,
+    policy_json,
+    subset_masks,
+)
 from vocabjax.shapes import load_shape
 from vocabjax.xp import PyMath
 
@@ -190,3 +197,43 @@ def test_kv_table_puts_break_even_beside_the_kv_plan():
     for row, kv, be in zip(table, pol["kv_plan"], pol["break_even"], strict=True):
         assert row["gain_vs_32k"] == kv["gain"] and row["b_max"] == kv["b_max"]
         assert row["break_even_lam"] == ("never" if be["lam"] is None else be["lam"])
+
+
+# ---- a trained run's heads routed by the decode step's cost per byte ---------------------------
+
+
+def _tiny_cpu() -> CostModel:
+    cpu = DeviceProfile(
+        name="cpu", peak_flops={"f32": 1e11}, hbm_bandwidth=2e10, memory_bytes=16e9,
+        launch_overhead_s=1e-5, source="a 2-core CPU-like profile",
+    )  # fmt: skip
+    f32 = Settings(weight_dtype="f32", kv_dtype="f32", act_dtype="f32")
+    return CostModel(cpu, load_shape("tiny"), f32)
+
+
+def test_decode_routes_take_each_batchs_cheapest_head_per_byte():
+    """Each power-of-two batch goes to the argmin of decode_step / (B bytes per token), runs
+    of one head merge, and the last route covers every larger batch."""
+    cm = _tiny_cpu()
+    bpt = {1024: 2.0, 4096: 2.5, 16384: 5.0}
+    routes = decode_routes(cm, bpt, max_batch=256, context=128)
+    # at small B the weights' read dominates a step and 16384's bytes pay for it; at large B
+    # the step's FLOPs grow with V and the smallest head is cheaper per byte
+    assert len(routes) >= 2 and routes[0][1] == 16384 and routes[-1] == (None, 1024)
+    assert [b for b, _ in routes[:-1]] == sorted(b for b, _ in routes[:-1])
+    for b in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+        want = min(bpt, key=lambda v: cm.decode_step(v, b, 128.0, xp=PyMath) / (b * bpt[v]))
+        got = next(h for m, h in routes if m is None or b <= m)
+        assert got == want, (b, routes)
+    # alike bytes per token: the cheapest step (the smallest head) everywhere
+    assert decode_routes(cm, dict.fromkeys(bpt, 3.0), max_batch=64, context=128) == [(None, 1024)]
+    # a head that packs far more bytes wins everywhere
+    assert decode_routes(cm, {1024: 1.0, 4096: 40.0}, max_batch=8, context=128) == [(None, 4096)]
+
+
+@pytest.mark.parametrize(
+    ("bpt", "max_batch"), [({}, 8), ({1024: 2.0}, 0), ({1024: float("nan")}, 8), ({1024: 0.0}, 8)]
+)
+def test_decode_routes_refuse_bad_input(bpt, max_batch):
+    with pytest.raises(UserError):
+        decode_routes(_tiny_cpu(), bpt, max_batch=max_batch, context=128)

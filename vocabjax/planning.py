@@ -11,6 +11,9 @@ bytes are split across the levels in the proportion of the served bytes each lev
 and each class goes to the head that attains its minimum. A head that serves nothing costs
 nothing and is never chosen (ties keep fewer heads). The whole search (every subset of the
 vocabulary grid up to ``max_heads``) is one jitted call.
+
+``decode_routes`` routes a trained run's own heads by the decode step's cost per byte at their
+measured bytes per token (what ``benchmarks/serve.py`` serves as the simulator's routes).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import dataclasses
 import itertools
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -41,6 +44,7 @@ from vocabjax.lifecycle import (
 from vocabjax.outputs import schemas
 from vocabjax.render import human_size
 from vocabjax.units import BATCH_RANGE, BYTES_MAX, parse_size, quote_input
+from vocabjax.xp import PyMath
 
 MAX_SUBSETS = 200_000
 ROUTE_BATCHES: tuple[int, ...] = tuple(2**i for i in range(11))  # 1 .. 1024
@@ -434,3 +438,32 @@ def kv_table(policy: dict[str, Any]) -> list[dict]:
         }
         for r in policy["kv_plan"]
     ]
+
+
+def decode_routes(
+    model: CostModel, bytes_per_token: Mapping[int, float], *, max_batch: int, context: int
+) -> list[tuple[int | None, int]]:
+    """Batch routes among a run's heads, as a policy's ``batch_routes`` (``(max_batch or None,
+    head)``, increasing): each power-of-two batch up to ``max_batch`` goes to the head whose
+    decode step costs least per byte, ``decode_step(V, B, T) / (B bytes_per_token[V])`` at a
+    cache of ``context`` positions (``make_plan`` routes its batch ladder by J the same way, on
+    the compression curve; here the heads and their bytes per token are a trained run's)."""
+    if not bytes_per_token or max_batch < 1:
+        raise UserError("decode_routes needs at least one head and max_batch >= 1")
+    if not all(math.isfinite(b) and b > 0 for b in bytes_per_token.values()):
+        raise UserError(f"bytes per token must be finite and > 0, got {dict(bytes_per_token)}")
+    routes: list[tuple[int | None, int]] = []
+    b = 1
+    while b <= max_batch:
+        cost = {
+            v: model.decode_step(float(v), float(b), float(context), xp=PyMath) / (b * bpt)
+            for v, bpt in sorted(bytes_per_token.items())
+        }
+        head = min(cost, key=lambda v: cost[v])
+        if routes and routes[-1][1] == head:
+            routes[-1] = (b, head)
+        else:
+            routes.append((b, head))
+        b *= 2
+    routes[-1] = (None, routes[-1][1])
+    return routes
