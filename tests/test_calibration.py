@@ -27,6 +27,7 @@ TRUTH = dataclasses.replace(
     overlap=0.4,
     intensity_table=EfficiencyTable((0.1, 2.0, 50.0, 1000.0), (0.05, 0.3, 0.7, 0.8)),
     memory_table=EfficiencyTable((1e5, 1e7, 1e9, 1e11), (0.1, 0.45, 0.8, 0.85)),
+    row_table=EfficiencyTable((256.0, 1024.0, 4096.0, 16384.0), (1.0, 1.3, 1.7, 1.8)),
 )
 
 
@@ -45,9 +46,14 @@ def synthetic(n: int = 160, seed: int = 0) -> list[Sample]:
             str(rng.choice(["matmul", "matmul", "attention", "train", "elementwise", "optimizer"]))
             for _ in flops
         )
+        # a third of the matmuls are matrix-vector products streaming rows of 256 B to 16 KiB
+        rows = tuple(
+            float(2 ** rng.uniform(8, 14)) if k == "matmul" and rng.random() < 1 / 3 else 0.0
+            for k in kinds
+        )
         s = Sample(
             f"p{i}", "decode", flops, nbytes, float(rng.integers(1, 40)), 1.0, calls=calls,
-            kinds=kinds,
+            kinds=kinds, row_bytes=rows,
         )  # fmt: skip
         out.append(s)
     times = predict_samples(TRUTH, out, dtype="bf16")
@@ -80,6 +86,10 @@ def test_the_fit_recovers_synthetic_timings(fitted):
     assert fit.profile.elementwise_efficiency == pytest.approx(0.6, rel=0.2)
     assert fit.profile.optimizer_efficiency == pytest.approx(1.5, rel=0.2)
     assert fit.profile.overlap == pytest.approx(0.4, abs=0.1)
+    for row in (1024.0, 4096.0):  # a matrix-vector product's rate by its rows' bytes
+        assert float(fit.profile.row_table.at(row, xp=np)) == pytest.approx(
+            float(TRUTH.row_table.at(row, xp=np)), rel=0.2
+        )
     cal = fit.profile.calibration
     assert cal["base_dispatch_overhead_s"] == 0.0
     assert cal["fit_points"] == len(fit.fit_keys) and cal["held_out_points"] == len(held)
@@ -89,8 +99,13 @@ def test_the_cost_model_prices_with_the_fitted_tables(fitted):
     """A decode step priced by CostModel equals the fit's own pricing of its ops."""
     _, fit = fitted
     cm = CostModel(fit.profile, load_shape("llama-8b"), Settings(steps_per_call=8))
-    v, b, t = 32768.0, 16.0, 1024.0
+    for b in (16.0, 1.0):  # a GEMM, and matrix-vector products (their one-row table)
+        _prices_alike(cm, fit.profile, 32768.0, b, 1024.0)
+
+
+def _prices_alike(cm: CostModel, profile: DeviceProfile, v: float, b: float, t: float) -> None:
     ops = cm.decode_ops(v, b, t)
+    assert any(o.row_bytes > 0 for o in ops.values()) == (b == 1)
     launches = cm.shape.n_layers * cm.settings.launches_per_layer + 3
     sample = Sample(
         "x",
@@ -102,8 +117,9 @@ def test_the_cost_model_prices_with_the_fitted_tables(fitted):
         kernels=tuple(float(o.kernels) for o in ops.values()),
         calls=1 / 8,
         kinds=tuple(o.kind for o in ops.values()),
+        row_bytes=tuple(float(o.row_bytes) for o in ops.values()),
     )
-    ours = predict_samples(fit.profile, [sample], dtype="bf16")[0]
+    ours = predict_samples(profile, [sample], dtype="bf16")[0]
     assert cm.decode_step(v, b, t, xp=PyMath) == pytest.approx(ours, rel=1e-9)
     import jax.numpy as jnp
 
@@ -116,9 +132,13 @@ def test_kernel_timings_leave_the_dispatch_overhead_as_it_was():
     timings) carry no information on those terms: the fit keeps the profile's values rather
     than inventing them."""
     samples = [
-        dataclasses.replace(s, calls=0.0, kinds=("matmul",) * len(s.flops)) for s in synthetic(n=60)
+        dataclasses.replace(
+            s, calls=0.0, kinds=("matmul",) * len(s.flops), row_bytes=(0.0,) * len(s.flops)
+        )
+        for s in synthetic(n=60)
     ]
     fit = fit_profile(BASE, samples, dtype="bf16", source="kernels")
+    assert fit.profile.row_table is None  # no matrix-vector product: no one-row table
     assert fit.profile.dispatch_overhead_s == BASE.dispatch_overhead_s == 0.0
     assert fit.profile.attention_efficiency == fit.profile.train_efficiency == 1.0
     method = fit.profile.calibration["method"]

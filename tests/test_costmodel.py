@@ -211,3 +211,36 @@ def test_scaled_stretches_one_op_family_and_leaves_the_model_alone():
     )
     with pytest.raises(ValueError, match="unknown op families"):
         cm.scaled({"softmax": 2.0})
+
+
+def test_the_one_row_table_prices_matrix_vector_products_alone():
+    """A profile's one-row table (e_m of a matmul over one activation row, by its weight rows'
+    bytes) speeds the memory time of the backbone and unembedding at B = 1, reads the table at
+    D x the weight's bytes, and leaves B = 2 and every other op as they were."""
+    from vocabjax.hardware import EfficiencyTable
+
+    bf16 = Settings()  # bf16 weights: a row is D x 2 bytes
+    plain = CostModel(ROUND, TINY, bf16)
+    fast = CostModel(
+        dataclasses.replace(ROUND, row_table=EfficiencyTable((128.0, 4096.0), (2.0, 2.0))),
+        TINY,
+        bf16,
+    )
+    one = fast.decode_ops(4096.0, 1.0, 128.0)
+    assert one["backbone"].row_bytes == one["unembedding"].row_bytes == 2.0 * TINY.d_model
+    assert one["attention"].row_bytes == one["sampling"].row_bytes == 0.0
+    assert all(o.row_bytes == 0.0 for o in fast.decode_ops(4096.0, 2.0, 128.0).values())
+    a, b = (
+        plain.decode_times(4096.0, 1.0, 128.0, xp=PyMath),
+        fast.decode_times(4096.0, 1.0, 128.0, xp=PyMath),
+    )
+    for name in a:
+        ratio = a[name].t_mem / b[name].t_mem
+        assert ratio == pytest.approx(2.0 if name in ("backbone", "unembedding") else 1.0)
+    two = (plain.decode_step(4096.0, 2.0, 128.0, xp=PyMath),
+           fast.decode_step(4096.0, 2.0, 128.0, xp=PyMath))  # fmt: skip
+    assert two[0] == two[1]
+    # traced batches (sweep's vmaps) take the same path
+    assert float(fast.decode_step(4096.0, jnp.float32(1.0), 128.0)) == pytest.approx(
+        fast.decode_step(4096.0, 1.0, 128.0, xp=PyMath), rel=1e-5
+    )

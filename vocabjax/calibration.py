@@ -10,7 +10,11 @@ cache streams faster than a large copy. The fit replaces the two scalars with ta
 
 over one kernel's arithmetic intensity I (FLOP per byte moved: what separates a 16-row decode
 GEMM from a 1024-row prefill GEMM of the same FLOPs) and the bytes Y it moves, with ``KNOTS``
-knots each, log-spaced over what the samples hold (``FIT_TABLES``). Beside the tables it fits:
+knots each, log-spaced over what the samples hold (``FIT_TABLES``), and where the samples
+hold matrix-vector products (an op's ``row_bytes`` > 0: a matmul over one activation row, the
+decode step's at B = 1) a factor on their e_m by the bytes of one weight row,
+``e_r(row_bytes)`` (``ONE_ROW_TABLE``: XLA's CPU matrix-vector emitter streams a 4 KiB row
+twice as fast as a 512-byte one, benchmarks/xla_cpu_dot.py). Beside the tables it fits:
 
 - ``o``, the overlap of each op's compute and memory time (``DeviceProfile.overlap``): the op
   takes the longer plus ``1 - o`` of the shorter (``costmodel.op_seconds``; 1 is the
@@ -63,10 +67,14 @@ KNOTS = 4  # per table
 # the tables the fit makes (DeviceProfile fields): e_c by a kernel's arithmetic intensity, which
 # tells a matrix-vector product from a GEMM of many rows at equal FLOPs, and e_m by its bytes
 FIT_TABLES: tuple[str, ...] = ("intensity_table", "memory_table")
-N_PARAMS = len(FIT_TABLES) * KNOTS + 3 + len(OP_KINDS)  # + launch, dispatch, overlap, kinds
+# and, where the samples hold matrix-vector products (Op.row_bytes > 0), e_m of those by the
+# bytes of one weight row (XLA's CPU emitter streams long rows faster than short ones)
+ONE_ROW_TABLE = "row_table"
+N_PARAMS = (len(FIT_TABLES) + 1) * KNOTS + 3 + len(OP_KINDS)  # + launch, dispatch, overlap, kinds
 MIN_FIT_SAMPLES = N_PARAMS + 4  # so the fit is overdetermined
 HELD_OUT = 1 / 3
 SMOOTHNESS = 1e-2  # weight of the squared log-efficiency differences between neighbour knots
+ONE_ROW_PRIOR = 1e-3  # weight of the one-row table's squared log values (its pull towards 1)
 STEPS = 3000
 LEARNING_RATE = 0.05
 MIN_LAUNCH_S = 1e-9  # floor of the fitted launch and dispatch overheads
@@ -89,6 +97,7 @@ class Sample:
     kernels: tuple[float, ...] = ()  # per op (Op.kernels): efficiency is read at one's size
     calls: float = 0.0  # host calls charged (a decode step: 1 / steps per call; kernels: 0)
     kinds: tuple[str, ...] = ()  # per op (Op.kind): "attention" and "train" get their own scale
+    row_bytes: tuple[float, ...] = ()  # per op (Op.row_bytes): > 0 for a matrix-vector product
 
     def __post_init__(self) -> None:
         if len(self.flops) != len(self.nbytes):
@@ -101,6 +110,10 @@ class Sample:
             object.__setattr__(self, "kinds", ("matmul",) * len(self.flops))
         if len(self.kinds) != len(self.flops):
             raise ValueError("kinds needs one entry per op")
+        if not self.row_bytes:
+            object.__setattr__(self, "row_bytes", (0.0,) * len(self.flops))
+        if len(self.row_bytes) != len(self.flops):
+            raise ValueError("row_bytes needs one entry per op")
         if not (math.isfinite(self.measured_s) and self.measured_s > 0):
             raise UserError(f"point {self.key}: measured time {self.measured_s!r} must be > 0")
 
@@ -145,6 +158,7 @@ class _Ops(NamedTuple):
     launches: np.ndarray
     calls: np.ndarray
     fixed: np.ndarray
+    row_bytes: np.ndarray
 
     @property
     def intensity(self) -> np.ndarray:
@@ -158,7 +172,9 @@ def _pad(samples: Sequence[Sample]) -> _Ops:
     nbytes = np.zeros((len(samples), n_ops))
     kernels = np.ones((len(samples), n_ops))
     kinds = np.zeros((len(samples), n_ops), np.int32)
+    row_bytes = np.zeros((len(samples), n_ops))
     for i, s in enumerate(samples):
+        row_bytes[i, : len(s.row_bytes)] = s.row_bytes
         flops[i, : len(s.flops)] = s.flops
         nbytes[i, : len(s.nbytes)] = s.nbytes
         kernels[i, : len(s.kernels)] = s.kernels
@@ -167,6 +183,7 @@ def _pad(samples: Sequence[Sample]) -> _Ops:
         flops, nbytes, kernels, kinds,
         *(np.array([getattr(s, f) for s in samples], float) for f in ("launches", "calls",
                                                                         "fixed_s")),
+        row_bytes,
     )  # fmt: skip
 
 
@@ -177,6 +194,7 @@ class _Trial:
     compute_table: EfficiencyTable | None = None
     intensity_table: EfficiencyTable | None = None
     memory_table: EfficiencyTable | None = None
+    row_table: EfficiencyTable | None = None
     compute_efficiency: float = 1.0
     memory_efficiency: float = 1.0
     overlap: Any = 1.0
@@ -189,7 +207,9 @@ def price(tables, kind_scale, launch_s, dispatch_s, ops: _Ops, *, peak, bandwidt
     fixed time."""
     a = jax.tree.map(xp.asarray, ops) if xp is jnp else ops
     intensity = a.flops / xp.maximum(a.nbytes, 1.0)
-    e_c, e_m = fractions(tables, a.flops / a.kernels, intensity, a.nbytes / a.kernels, xp=xp)
+    e_c, e_m = fractions(
+        tables, a.flops / a.kernels, intensity, a.nbytes / a.kernels, xp=xp, row_bytes=a.row_bytes
+    )
     t_math, t_mem = a.flops / (peak * e_c), a.nbytes / (bandwidth * e_m)
     t_ops = op_seconds(t_math, t_mem, tables.overlap, xp=xp) / xp.asarray(kind_scale)[a.kinds]
     return t_ops.sum(axis=1) + a.launches * launch_s + a.calls * dispatch_s + a.fixed
@@ -208,7 +228,7 @@ def fit_profile(
     after. Raises UserError when the fit split is smaller than ``MIN_FIT_SAMPLES``."""
     fit, held = _split(samples)
     problem = _Problem.of(device, fit, dtype)
-    params = jax.device_get(_minimize(problem.loss, _start(device)))
+    params = jax.device_get(_minimize(problem.loss, _start(device, problem.tables)))
     if not all(np.all(np.isfinite(v)) for v in params.values()):
         raise UserError("the fit did not converge (a parameter is not finite)")
     sd = problem.residual_sd(params)
@@ -249,6 +269,7 @@ class _Problem:
     bandwidth: float
     fits_dispatch: bool  # some sample is charged a host call
     fitted_kinds: tuple[str, ...]  # the op kinds some sample holds
+    tables: tuple[str, ...]  # the tables fitted: FIT_TABLES, and the one-row table if any
 
     @classmethod
     def of(cls, device: DeviceProfile, fit: Sequence[Sample], dtype: str) -> _Problem:
@@ -264,6 +285,7 @@ class _Problem:
                 "compute_table": _knots(ops.flops / ops.kernels),
                 "intensity_table": _knots(np.where(ops.nbytes > 0, ops.intensity, np.nan)),
                 "memory_table": _knots(ops.nbytes / ops.kernels),
+                ONE_ROW_TABLE: _knots(np.where(ops.row_bytes > 0, ops.row_bytes, np.nan)),
             },
             peak=device.flops(dtype),
             bandwidth=device.hbm_bandwidth,
@@ -271,11 +293,12 @@ class _Problem:
             fitted_kinds=tuple(
                 k for i, k in enumerate(OP_KINDS, 1) if np.any((ops.kinds == i) & works)
             ),
+            tables=FIT_TABLES + ((ONE_ROW_TABLE,) if np.any(ops.row_bytes > 0) else ()),
         )
 
     def predict(self, params):
         trial = _Trial(
-            **{f: EfficiencyTable(self.knots[f], jnp.exp(params[f])) for f in FIT_TABLES},
+            **{f: EfficiencyTable(self.knots[f], jnp.exp(params[f])) for f in self.tables},
             overlap=jax.nn.sigmoid(params["overlap"]),
         )
         scales = jnp.concatenate([jnp.ones(1), jnp.exp(params["kinds"])])
@@ -285,8 +308,11 @@ class _Problem:
 
     def loss(self, params):
         resid = jnp.log(self.predict(params)) - self.log_measured
-        smooth = sum(jnp.sum(jnp.diff(params[f]) ** 2) for f in FIT_TABLES)
-        return jnp.mean(resid**2) + SMOOTHNESS * smooth
+        smooth = sum(jnp.sum(jnp.diff(params[f]) ** 2) for f in self.tables)
+        # the one-row table is a factor on e_m: held at 1 unless the one-row points ask for
+        # more, so that it does not stand in for the other terms (the scales, the memory table)
+        prior = jnp.sum(params[ONE_ROW_TABLE] ** 2) if ONE_ROW_TABLE in self.tables else 0.0
+        return jnp.mean(resid**2) + SMOOTHNESS * smooth + ONE_ROW_PRIOR * prior
 
     def residual_sd(self, params) -> float:
         resid = np.log(np.asarray(self.predict(params))) - np.asarray(self.log_measured)
@@ -307,14 +333,14 @@ class _Problem:
             base["base_dispatch_overhead_s"] = device.dispatch_overhead_s
         method = (
             f"least squares on log step time; {KNOTS} log-spaced knots per table "
-            f"({', '.join(TABLE_FIELDS[f] for f in FIT_TABLES)}); {', '.join(refitted)} "
+            f"({', '.join(TABLE_FIELDS[f] for f in self.tables)}); {', '.join(refitted)} "
             f"refitted; {record['fit_points']} points fitted, {record['held_out_points']} held "
             "out by a hash of each point's key"
         )
         return dataclasses.replace(
             device,
             **scales,
-            **{f: _table(self.knots[f], params[f]) for f in FIT_TABLES},
+            **{f: _table(self.knots[f], params[f]) for f in self.tables},
             overlap=float(jax.nn.sigmoid(params["overlap"])),
             launch_overhead_s=float(np.exp(params["launch"])),
             dispatch_overhead_s=float(np.exp(params["dispatch"]))
@@ -330,15 +356,16 @@ class _Problem:
         )
 
 
-def _start(device: DeviceProfile) -> dict[str, Any]:
+def _start(device: DeviceProfile, tables: Sequence[str]) -> dict[str, Any]:
     """The fit's first guess: the profile's own scalars and overheads."""
     first = {
         "compute_table": 0.0,
         "intensity_table": math.log(device.compute_efficiency),
         "memory_table": math.log(device.memory_efficiency),
+        ONE_ROW_TABLE: 0.0,
     }
     return {
-        **{f: jnp.full(KNOTS, first[f], jnp.float32) for f in FIT_TABLES},
+        **{f: jnp.full(KNOTS, first[f], jnp.float32) for f in tables},
         "launch": jnp.float32(math.log(max(device.launch_overhead_s, MIN_LAUNCH_S))),
         "dispatch": jnp.float32(math.log(device.dispatch_overhead_s or START_DISPATCH_S)),
         "kinds": jnp.log(jnp.asarray([device.kind_efficiency(k) for k in OP_KINDS], jnp.float32)),

@@ -96,12 +96,15 @@ class Op(NamedTuple):
     """Work of one op: FLOPs and bytes moved to or from device memory, done by ``kernels``
     kernels of equal size (a calibrated efficiency is read at one kernel's size). ``kind``
     "attention" runs at the profile's attention efficiency beside the tables (its kernels are
-    not the GEMMs the tables describe)."""
+    not the GEMMs the tables describe). ``row_bytes``: for a matmul of one activation row (a
+    matrix-vector product), the bytes of one weight row it streams, which a calibrated
+    profile's one-row table reads; 0 for anything else."""
 
     flops: object
     bytes: object
     kernels: float = 1.0
     kind: str = "matmul"
+    row_bytes: object = 0.0
 
 
 MATMULS_PER_LAYER = 4  # QKV, attention output, MLP in (up and gate fused), MLP out
@@ -277,6 +280,7 @@ class CostModel:
                 2.0 * tokens * n_nv,
                 self.w * n_nv + tokens * L * self._act_width * self.a,
                 L * MATMULS_PER_LAYER,
+                row_bytes=self._one_row(tokens),
             ),
             "elementwise": Op(
                 ELEMENTWISE_FLOPS * tokens * L * d,
@@ -285,6 +289,12 @@ class CostModel:
                 "elementwise",
             ),
         }
+
+    def _one_row(self, rows):
+        """``Op.row_bytes`` of a matmul over ``rows`` activation rows contracting over D: one
+        weight row's bytes when it is a matrix-vector product (one row), else 0."""
+        one_row = 0.5 * ((2.0 - rows) + abs(2.0 - rows))  # 1 at one row, 0 from two on
+        return self.w * float(self.shape.d_model) * one_row
 
     def _attention(self, batch, queries, keys, *, causal: bool) -> Op:
         """``batch`` x ``queries`` queries over ``keys`` cached positions in every layer (see
@@ -307,7 +317,11 @@ class CostModel:
         ops = {
             "embedding": Op(0.0 * batch, batch * d * self.w),
             **self._layers(batch),
-            "unembedding": Op(2.0 * batch * vocab * d, self.w * vocab * d + logits),
+            "unembedding": Op(
+                2.0 * batch * vocab * d,
+                self.w * vocab * d + logits,
+                row_bytes=self._one_row(batch),
+            ),
             "sampling": Op(ELEMENTWISE_FLOPS * batch * vocab, logits),
         }
         if s.full:
@@ -322,7 +336,9 @@ class CostModel:
             "embedding": Op(0.0 * tokens, tokens * d * self.w),
             **self._layers(tokens),
             "unembedding": Op(
-                2.0 * batch * vocab * d, self.w * vocab * d + batch * vocab * LOGIT_BYTES
+                2.0 * batch * vocab * d,
+                self.w * vocab * d + batch * vocab * LOGIT_BYTES,
+                row_bytes=self._one_row(batch),
             ),
         }
         if self.settings.full:
@@ -336,16 +352,19 @@ class CostModel:
         peak = self.device.flops(self.settings.weight_dtype)
         return peak * self.device.compute_fraction(flops, intensity, xp=xp)
 
-    def memory_rate(self, nbytes, *, xp=jnp):
-        """Achieved bytes/s of one kernel moving ``nbytes``: bandwidth times e_m (or e_m(bytes))."""
-        return self.device.hbm_bandwidth * self.device.memory_fraction(nbytes, xp=xp)
+    def memory_rate(self, nbytes, *, xp=jnp, row_bytes=0.0):
+        """Achieved bytes/s of one kernel moving ``nbytes``: bandwidth times e_m (or e_m(bytes),
+        and a one-row matmul's e_m(row bytes))."""
+        fraction = self.device.memory_fraction(nbytes, xp=xp, row_bytes=row_bytes)
+        return self.device.hbm_bandwidth * fraction
 
     def op_time(self, op: Op, *, xp=jnp) -> OpTime:
         scale = self.device.kind_efficiency(op.kind)
         # an op priced by its FLOPs alone has no intensity: 1 byte keeps it past every knot
         intensity = op.flops / xp.maximum(op.bytes, 1.0)
         t_math = op.flops / (self.compute_rate(op.flops / op.kernels, intensity, xp=xp) * scale)
-        t_mem = op.bytes / (self.memory_rate(op.bytes / op.kernels, xp=xp) * scale)
+        rate = self.memory_rate(op.bytes / op.kernels, xp=xp, row_bytes=op.row_bytes)
+        t_mem = op.bytes / (rate * scale)
         return OpTime(t_math, t_mem, op_seconds(t_math, t_mem, self.device.overlap, xp=xp))
 
     def _launches(self, n_head_ops: int, calls: float):

@@ -114,12 +114,13 @@ class EfficiencyTable:
         return cls(tuple(sizes), tuple(values))
 
 
-def fractions(tables, flops, intensity, nbytes, *, xp):
+def fractions(tables, flops, intensity, nbytes, *, xp, row_bytes=0.0):
     """(e_c, e_m) of one kernel of ``flops`` FLOPs moving ``nbytes`` at ``intensity`` FLOP per
     byte, read from ``tables`` (a DeviceProfile, or anything with its table and scalar fields,
     such as the calibration's trial tables): e_c is the product of the compute tables it has
     (by FLOPs, by intensity), else its scalar ``compute_efficiency``; e_m its memory table,
-    else ``memory_efficiency``."""
+    else ``memory_efficiency``, times its one-row table at ``row_bytes`` for a matrix-vector
+    product (``row_bytes`` > 0: the bytes of one weight row it streams; 0 for anything else)."""
     e_c = tables.compute_efficiency
     if tables.compute_table is not None or tables.intensity_table is not None:
         e_c = 1.0
@@ -130,6 +131,9 @@ def fractions(tables, flops, intensity, nbytes, *, xp):
     e_m = tables.memory_efficiency
     if tables.memory_table is not None:
         e_m = tables.memory_table.at(nbytes, xp=xp)
+    if getattr(tables, "row_table", None) is not None:
+        one_row = tables.row_table.at(xp.maximum(row_bytes, 1.0), xp=xp)
+        e_m = e_m * xp.where(row_bytes > 0, one_row, 1.0)
     return e_c, e_m
 
 
@@ -193,6 +197,10 @@ class DeviceProfile:
     compute_table: EfficiencyTable | None = None  # e_c by one kernel's FLOPs
     memory_table: EfficiencyTable | None = None  # e_m by one kernel's bytes
     intensity_table: EfficiencyTable | None = None  # e_c by a kernel's FLOP per byte moved
+    # e_m of a one-row matmul (a matrix-vector product: decode at B = 1) by the bytes of one
+    # weight row, times e_m above: XLA's CPU matrix-vector emitter streams long rows faster
+    # (benchmarks/xla_cpu_dot.py: 17 GB/s at D = 128, 34 at D = 1024, the same 32 MiB)
+    row_table: EfficiencyTable | None = None
     calibration: Mapping[str, Any] | None = None
     # Host cost of one call of a compiled program (argument handling, output allocation, the
     # wait for its results), charged once per call rather than per kernel: the decode loop of a
@@ -258,9 +266,10 @@ class DeviceProfile:
         """e_c of one kernel of ``flops`` FLOPs at ``intensity`` FLOP/byte (``fractions``)."""
         return fractions(self, flops, intensity, 1.0, xp=xp)[0]
 
-    def memory_fraction(self, nbytes, *, xp):
-        """e_m of one kernel moving ``nbytes`` (``fractions``)."""
-        return fractions(self, 1.0, 1.0, nbytes, xp=xp)[1]
+    def memory_fraction(self, nbytes, *, xp, row_bytes=0.0):
+        """e_m of one kernel moving ``nbytes`` (``fractions``; ``row_bytes``: a one-row
+        matmul's weight row)."""
+        return fractions(self, 1.0, 1.0, nbytes, xp=xp, row_bytes=row_bytes)[1]
 
     def kind_efficiency(self, kind: str) -> float:
         """The multiplier of the rates for an op of ``kind`` (costmodel.Op.kind)."""
@@ -406,6 +415,7 @@ TABLE_FIELDS = {
     "compute_table": "compute_by_flops",
     "intensity_table": "compute_by_intensity",
     "memory_table": "memory_by_bytes",
+    "row_table": "memory_by_row_bytes_one_row",
 }
 # costmodel.Op.kind with a scale field ``{kind}_efficiency``
 OP_KINDS = ("attention", "train", "elementwise", "optimizer")

@@ -31,6 +31,7 @@ def sample(r: Result) -> Sample:
         fixed_s=fixed,
         kernels=tuple(o.kernels for o in ops),
         kinds=tuple(o.kind for o in ops),
+        row_bytes=tuple(o.row_bytes for o in ops),
     )
 
 

@@ -69,6 +69,7 @@ class OpRow:
     bound: str  # "compute", "memory" or "measured" (an autotuned kernel table's time)
     kernels: float = 1.0  # Op.kernels: a calibrated efficiency is read at one kernel's size
     kind: str = "matmul"  # Op.kind: "attention" and "train" run at their own fitted scale
+    row_bytes: float = 0.0  # Op.row_bytes: a matrix-vector product's weight row, else 0
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -108,7 +109,7 @@ class Prediction:
 def _row(name: str, op: Op, t: OpTime) -> OpRow:
     return OpRow(
         name, float(op.flops), float(op.bytes), t.t_math, t.t_mem, t.t, t.bound, float(op.kernels),
-        op.kind,
+        op.kind, float(op.row_bytes),
     )  # fmt: skip
 
 
