@@ -1567,9 +1567,9 @@ def autotune(vocab, batch, d_model, dtype, ops, quick, out, fmt):
 @click.option(
     "--fit",
     is_flag=True,
-    help="Calibrate the profile on two thirds of the points (efficiency by op size, launch and "
-    "dispatch overheads, attention and training scales) and report the error on the points "
-    "the fit never saw, before and after.",
+    help="Calibrate the profile on two thirds of the points (efficiency by op size, one-row "
+    "matmuls by their rows' bytes, launch and dispatch overheads, attention and training "
+    "scales) and report the error on the points the fit never saw, before and after.",
 )
 @click.option(
     "--fit-on",
