@@ -1549,6 +1549,12 @@ def autotune(vocab, batch, d_model, dtype, ops, quick, out, fmt):
 )
 @click.option("--quick", is_flag=True, help="A small grid: a few minutes on two CPU cores.")
 @click.option(
+    "--by-shape",
+    is_flag=True,
+    help="Time each model shape's points as a round-robin of their own, the other shapes' "
+    "arrays freed (a point can run slower beside them; docs/validation.md).",
+)
+@click.option(
     "--from",
     "saved",
     type=click.Path(dir_okay=False),
@@ -1588,7 +1594,7 @@ def autotune(vocab, batch, d_model, dtype, ops, quick, out, fmt):
     "--plot", type=OutputFile(figure=True), help="Write predicted against measured (.png)."
 )
 @format_option
-def validate(device, quick, grid_name, saved, fit, fit_on, save_profile, out, plot, fmt):
+def validate(device, quick, by_shape, grid_name, saved, fit, fit_on, save_profile, out, plot, fmt):
     """Time this project's GPT, serving engine and training step on this machine beside the
     cost model's prediction for each point: decode and prefill steps, training steps, and the
     backbone, attention and unembedding ops alone, over shapes, V, B and context lengths.
@@ -1609,9 +1615,9 @@ def validate(device, quick, grid_name, saved, fit, fit_on, save_profile, out, pl
 
     if quick and grid_name not in (None, "quick"):
         raise click.UsageError(f"--quick and --grid {grid_name} clash: give one")
-    if saved and (quick or grid_name):
+    if saved and (quick or grid_name or by_shape):
         raise click.UsageError(
-            "--from prices a saved run's points: --quick and --grid time new ones"
+            "--from prices a saved run's points: --quick, --grid and --by-shape time new ones"
         )
     if save_profile and not fit:
         raise click.UsageError("--save-profile needs --fit")
@@ -1624,7 +1630,9 @@ def validate(device, quick, grid_name, saved, fit, fit_on, save_profile, out, pl
             log(_runs_spread_line(result))
     else:
         name = grid_name or ("quick" if quick else "full")
-        result = validation.validate(device or validation.MEASURE, name, progress=log)
+        result = validation.validate(
+            device or validation.MEASURE, name, progress=log, by_shape=by_shape
+        )
     calibrated = None
     if fit:
         n = sum(r.point.family in families for r in result.results)

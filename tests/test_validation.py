@@ -10,6 +10,7 @@ figures (``measure`` patched), so rendering, warnings and the plot cost no timin
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -665,3 +666,48 @@ def test_runs_of_different_grids_do_not_combine(monkeypatch, tmp_path, profile_p
     assert result.exit_code == 1 and "Traceback" not in result.output
     errors = [x for x in result.output.splitlines() if x.startswith("Error:")]
     assert len(errors) == 1 and "only runs of one grid combine" in errors[0], result.output
+
+
+@pytest.mark.slow
+def test_by_shape_times_each_shape_alone_and_says_so(tmp_path, profile_path):
+    """``--by-shape``: the test grid timed one shape's points after another; every point is
+    timed, the run says how, and a run timed as one set does not combine with it."""
+    out = tmp_path / "by_shape.json"
+    result = invoke("--grid", "test", "--device", str(profile_path), "--by-shape", "--format",
+                    "json", "--out", str(out))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["by_shape"] is True and all(p["measured_s"] > 0 for p in doc["points"])
+    assert validation.read_validation(out).by_shape
+    data = json.loads(out.read_text())
+    data["by_shape"] = False
+    other = tmp_path / "one_set.json"
+    other.write_text(json.dumps(data))
+    mixed = invoke("--from", str(out), "--from", str(other))
+    assert mixed.exit_code == 1 and "only runs timed alike combine" in mixed.output
+
+
+def test_by_shape_measures_each_shape_as_its_own_set(monkeypatch):
+    """``measure(by_shape=True)`` builds and times one set per model shape, in the grid's
+    order of shapes, and hands back every point's figures in the order of the points."""
+    from vocabjax.validation import timing
+
+    other = ModelShape("other", d_model=32, n_layers=1, n_heads=2, n_kv_heads=2, d_ff=64)
+    grid = get_grid("test")
+    points = [*grid.points(), *dataclasses.replace(grid, shapes=(other,)).points()]
+    points = points[::2] + points[1::2]  # the two shapes' points mixed
+    sets = []
+
+    def fake_set(chosen, g, **kw):
+        sets.append([p.shape.name for p in chosen])
+        return [(float(points.index(p)), 0.0) for p in chosen]
+
+    monkeypatch.setattr(timing, "_measure_set", fake_set)
+    times = timing.measure(points, grid, by_shape=True)
+    assert [t for t, _ in times] == [float(i) for i in range(len(points))]
+    shapes = list(dict.fromkeys(p.shape.name for p in points))
+    assert len(shapes) == 2 and [set(s) for s in sets] == [{n} for n in shapes]
+    assert sum(len(s) for s in sets) == len(points)
+    sets.clear()
+    timing.measure(points, grid)  # one set of every point
+    assert len(sets) == 1 and len(sets[0]) == len(points)

@@ -149,6 +149,7 @@ def document(
         "command": command,
         "seconds": v.seconds,
         "runs": v.runs,
+        "by_shape": v.by_shape,
         "device": device_json(v),
         "grid": grid_json(v),
         "points": [point_json(r) for r in v.results],

@@ -23,6 +23,7 @@ from vocabjax.hardware import DeviceProfile
 from vocabjax.profiles import (
     a_list,
     an_object,
+    boolean,
     closed,
     integer,
     load_json,
@@ -150,6 +151,7 @@ def read_validation(
             data.get("load_average", 0.0), where=f"{where}: load_average", allow_zero=True
         ),
         runs=integer(data.get("runs", 1), where=f"{where}: runs", minimum=1),
+        by_shape=boolean(data.get("by_shape", False), where=f"{where}: by_shape"),
     )
 
 
@@ -157,7 +159,7 @@ def measured_fields(doc: dict[str, Any]) -> dict[str, Any]:
     """``doc`` (a validation JSON) with each point cut to what was measured: what
     ``read_validation`` reads, a fraction of the size, for keeping a run as data."""
     keep = ("schema", "kind", "date", "host", "load_average", "command", "seconds", "runs",
-            "device", "grid")  # fmt: skip
+            "by_shape", "device", "grid")  # fmt: skip
     out = {k: doc[k] for k in keep if k in doc}
     out["points"] = [
         {k: p[k] for k in _POINT_FIELDS + _POINT_OPTIONAL if k in p} for p in doc["points"]
@@ -186,6 +188,11 @@ def combine_runs(runs: Sequence[Validation], names: Sequence[str] | None = None)
             raise UserError(
                 f"{name}: grid {v.grid.name!r} is not the grid of {names[0]} "
                 f"({first.grid.name!r}, or its axes differ): only runs of one grid combine"
+            )
+        if v.by_shape != first.by_shape:
+            raise UserError(
+                f"{name}: timed {'by shape' if v.by_shape else 'as one set'}, {names[0]} "
+                f"{'by shape' if first.by_shape else 'as one set'}: only runs timed alike combine"
             )
         own = {r.point.label(): r for r in v.results}
         if own.keys() != times.keys():

@@ -292,11 +292,33 @@ def resident_bytes(shape: ModelShape, points: Sequence[Point], grid: Grid) -> fl
 
 
 def measure(
-    points: Sequence[Point], grid: Grid, *, seed: int = 0, progress: Progress | None = None
+    points: Sequence[Point],
+    grid: Grid,
+    *,
+    seed: int = 0,
+    progress: Progress | None = None,
+    by_shape: bool = False,
 ) -> list[tuple[float, float]]:
     """(measured seconds per step or op, compile seconds) of each of ``points``: every point's
     call is built (compiled) first, shape by shape, then all are timed round-robin as one set,
-    so that a load that comes and goes during the run slows every point alike."""
+    so that a load that comes and goes during the run slows every point alike. ``by_shape``:
+    each model shape's points are built and timed as a set of their own, one shape after
+    another, the other shapes' arrays and calls freed (a point can run slower beside the
+    other shapes' resident arrays: docs/validation.md)."""
+    if not by_shape:
+        return _measure_set(points, grid, seed=seed, progress=progress)
+    out: dict[int, tuple[float, float]] = {}
+    for shape in dict.fromkeys(p.shape for p in points):
+        index = [i for i, p in enumerate(points) if p.shape == shape]
+        times = _measure_set([points[i] for i in index], grid, seed=seed, progress=progress)
+        out.update(zip(index, times, strict=True))
+    return [out[i] for i in range(len(points))]
+
+
+def _measure_set(
+    points: Sequence[Point], grid: Grid, *, seed: int, progress: Progress | None
+) -> list[tuple[float, float]]:
+    """``measure`` of one set of points timed together."""
     say = progress or (lambda _m: None)
     shapes = list(dict.fromkeys(p.shape for p in points))
     try:
