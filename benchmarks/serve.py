@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import statistics
 import sys
@@ -69,9 +68,11 @@ from vocabjax import render  # noqa: E402
 from vocabjax.costmodel import CostModel, Op, Settings  # noqa: E402
 from vocabjax.outputs import SCHEMA, atomic_write_json, check_file_target  # noqa: E402
 from vocabjax.planning import decode_routes  # noqa: E402
+from vocabjax.profiles import load_json  # noqa: E402
 from vocabjax.serving import Engine, ServeConfig, load_policy, load_run, serve  # noqa: E402
 from vocabjax.serving.server import prompt_room  # noqa: E402
 from vocabjax.serving.trace import PoissonMix, demo_trace, poisson_trace  # noqa: E402
+from vocabjax.train import TRAINING_FILE  # noqa: E402
 from vocabjax.validation import load_validation_device  # noqa: E402
 from vocabjax.xp import PyMath  # noqa: E402
 
@@ -90,8 +91,9 @@ def two_routes(heads) -> list[tuple[int | None, int]]:
 
 
 def held_out_bytes_per_token(run) -> dict[int, float]:
-    """Each head's bytes per token on the run's held-out text (``train`` wrote it)."""
-    points = json.loads((Path(run.run_dir) / "training.json").read_text())["points"]
+    """Each head's bytes per token on the run's held-out text (``train`` wrote it in
+    ``training.json``, read through the profiles' checked loader)."""
+    points = load_json(Path(run.run_dir) / TRAINING_FILE, "training")["points"]
     return {int(q["vocab"]): float(q["bytes_per_token"]) for q in points}
 
 
@@ -211,9 +213,14 @@ def main(argv=None) -> int:
     first = next(iter(devices.values()))
     base = ServeConfig(max_batch=args.max_batch, max_new_tokens=DEMO_NEW_TOKENS, device=first)
     held_out_bpt = held_out_bytes_per_token(run)
-    sim_routes = decode_routes(
-        models[next(iter(models))], held_out_bpt, max_batch=args.max_batch, context=run.max_seq
-    )
+    first_model = models[next(iter(models))]  # the simulator's routes: the first --device's
+
+    def routes_on(bytes_per_token):
+        return decode_routes(
+            first_model, bytes_per_token, max_batch=args.max_batch, context=run.max_seq
+        )
+
+    sim_routes = routes_on(held_out_bpt)
     ways = {
         "adaptive": (routes, base),
         "adaptive, heads apart": (routes, dataclasses.replace(base, mixing="separate")),
@@ -297,9 +304,7 @@ def main(argv=None) -> int:
     print(render.rows(rows, args.format))
     for t in traces:  # the same routing, priced on the text each head generated here
         generated = {v: med[(t, f"fixed {v}")]["bytes_per_token"] for v in heads}
-        again = decode_routes(
-            models[next(iter(models))], generated, max_batch=args.max_batch, context=run.max_seq
-        )
+        again = routes_on(generated)
         print(
             f"# {t}: the fixed heads generated "
             + ", ".join(f"{v}: {b:.3f}" for v, b in sorted(generated.items()))

@@ -131,7 +131,7 @@ def fractions(tables, flops, intensity, nbytes, *, xp, row_bytes=0.0):
     e_m = tables.memory_efficiency
     if tables.memory_table is not None:
         e_m = tables.memory_table.at(nbytes, xp=xp)
-    if getattr(tables, "row_table", None) is not None:
+    if tables.row_table is not None:
         one_row = tables.row_table.at(xp.maximum(row_bytes, 1.0), xp=xp)
         e_m = e_m * xp.where(row_bytes > 0, one_row, 1.0)
     return e_c, e_m

@@ -180,9 +180,8 @@ def combine_runs(runs: Sequence[Validation], names: Sequence[str] | None = None)
     first = runs[0]
     if len(runs) == 1:
         return first
-    labels = [r.point.label() for r in first.results]
-    times: dict[str, list[float]] = {label: [] for label in labels}
-    compiles: dict[str, list[float]] = {label: [] for label in labels}
+    # each point's result in every run, by label
+    seen: dict[str, list[Result]] = {r.point.label(): [] for r in first.results}
     for name, v in zip(names, runs, strict=True):
         if v.grid != first.grid:
             raise UserError(
@@ -195,22 +194,22 @@ def combine_runs(runs: Sequence[Validation], names: Sequence[str] | None = None)
                 f"{'by shape' if first.by_shape else 'as one set'}: only runs timed alike combine"
             )
         own = {r.point.label(): r for r in v.results}
-        if own.keys() != times.keys():
+        if own.keys() != seen.keys():
             raise UserError(
-                f"{name}: {len(own.keys() ^ times.keys())} points differ from {names[0]}'s: "
+                f"{name}: {len(own.keys() ^ seen.keys())} points differ from {names[0]}'s: "
                 "only runs of one grid combine"
             )
         for label, r in own.items():
-            times[label].append(r.measured_s)
-            compiles[label].append(r.compile_s)
+            seen[label].append(r)
 
     def one(r: Result) -> Result:
-        ts = times[r.point.label()]
+        each = seen[r.point.label()]
+        ts = [x.measured_s for x in each]
         median = statistics.median(ts)
         return dataclasses.replace(
             r,
             measured_s=median,
-            compile_s=statistics.median(compiles[r.point.label()]),
+            compile_s=statistics.median(x.compile_s for x in each),
             runs_spread_pct=100.0 * (max(ts) - min(ts)) / median,
         )
 
