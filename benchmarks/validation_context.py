@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _report import header  # noqa: E402
 
 from vocabjax import render  # noqa: E402
-from vocabjax.timing import cache_evictor, time_interleaved  # noqa: E402
+from vocabjax.timing import Tally, cache_evictor, minor_faults, time_interleaved  # noqa: E402
 from vocabjax.validation import read_validations  # noqa: E402
 from vocabjax.validation.timing import Group  # noqa: E402
 
@@ -67,9 +67,11 @@ def main(argv: list[str] | None = None) -> None:
     }
     calls = [groups[r.point.shape].build(r.point)[0] for r in chosen]
     settings = dataclasses.replace(run.grid.timing, repeats=args.rounds, min_repeats=args.rounds)
-    times = time_interleaved(calls, [()], settings, between=cache_evictor())
+    tally = Tally(minor_faults) if minor_faults() is not None else None
+    times = time_interleaved(calls, [()], settings, between=cache_evictor(), tally=tally)
+    faults = tally.medians(len(calls)) if tally is not None else [None] * len(calls)
     rows = []
-    for r, t in zip(chosen, times, strict=True):
+    for r, t, f in zip(chosen, times, faults, strict=True):
         own = t / (run.grid.decode_steps if r.point.family == "decode" else 1)
         rows.append(
             {
@@ -78,6 +80,8 @@ def main(argv: list[str] | None = None) -> None:
                 "runs_spread_pct": r.runs_spread_pct,
                 "alone_ms": own * 1e3,
                 "grid_over_alone": r.measured_s / own,
+                "faults_in_the_grid": r.faults_per_call,
+                "faults_alone": f,
             }
         )
     print(render.rows(rows, args.format))

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
+import mmap
 import types
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vocabjax.timing import TimingSettings, block, copy_probe, time_call, time_interleaved
+from vocabjax.timing import (
+    Tally,
+    TimingSettings,
+    block,
+    copy_probe,
+    minor_faults,
+    time_call,
+    time_interleaved,
+)
 
 FAST = TimingSettings(warmup=1, repeats=3, min_repeats=3)
 
@@ -43,6 +52,37 @@ def test_time_interleaved_calls_every_candidate_each_round():
     timed = calls[4:]  # one compile call and one warm-up call each
     assert [n for n, _ in timed] == ["a", "b", "b", "a", "a", "b", "b", "a"]
     assert {i for _, i in timed} == {0, 1}
+
+
+def test_a_tally_counts_each_timed_call_of_each_function():
+    """The tally reads its counter before and after every timed call (not the first call or
+    the warm-up) and keeps each function's median per call."""
+    count = [0.0]
+
+    def make(step):
+        def fn():
+            count[0] += step
+            return jnp.zeros(())
+
+        return fn
+
+    tally = Tally(lambda: count[0])
+    time_interleaved(
+        [make(1.0), make(5.0)], [()], dataclasses.replace(FAST, repeats=4), tally=tally
+    )
+    assert tally.counts == {0: [1.0] * 4, 1: [5.0] * 4}
+    assert tally.medians(3) == [1.0, 5.0, None]
+
+
+def test_minor_faults_counts_pages_touched_for_the_first_time():
+    before = minor_faults()
+    if before is None:
+        pytest.skip("this platform does not count page faults")
+    size, page = 64 * 2**20, mmap.PAGESIZE
+    with mmap.mmap(-1, size) as fresh:  # anonymous memory, fresh from the kernel
+        for offset in range(0, size, page):
+            fresh[offset] = 1  # one byte written in every page
+        assert minor_faults() - before >= 0.9 * size / page
 
 
 class _Clock:

@@ -42,7 +42,7 @@ CPU_PROFILE = DeviceProfile(
 POINT_KEYS = {
     "family", "kind", "shape", "vocab", "batch", "context", "flops", "bytes", "launches",
     "launch_s", "calls", "dispatch_s", "predicted_s", "measured_s", "compile_s", "error_pct",
-    "bound", "ops",
+    "bound", "ops", "faults_per_call",
 }  # fmt: skip
 SUMMARY_KEYS = {"n", "median_abs_error_pct", "max_abs_error_pct"}
 
@@ -74,10 +74,11 @@ def real_run(tmp_path_factory, profile_path):
 
 
 def fake_times(monkeypatch, measured_s: float = 1e-3):
-    """Skip the timing: every point takes ``measured_s`` and compiles in 0.5 s."""
+    """Skip the timing: every point takes ``measured_s`` (times 1, 2 or 3), compiles in 0.5 s
+    and faults ``1000 measured_s`` pages per call."""
 
     def fake(points, grid, **kw):
-        return [(measured_s * (1 + i % 3), 0.5) for i in range(len(points))]
+        return [(measured_s * (1 + i % 3), 0.5, 1e3 * measured_s) for i in range(len(points))]
 
     monkeypatch.setattr(validation_run, "measure", fake)
 
@@ -98,6 +99,10 @@ def test_json_has_every_family_with_finite_positive_figures(real_run):
         for key in ("predicted_s", "measured_s", "flops"):
             assert math.isfinite(p[key]) and p[key] > 0, (key, p)
         assert math.isfinite(p["compile_s"]) and p["compile_s"] >= 0
+        # counted around each timed call: a whole number of pages, the median of the rounds
+        assert p["faults_per_call"] >= 0 and 2 * p["faults_per_call"] == int(
+            2 * p["faults_per_call"]
+        )
         assert p["error_pct"] == pytest.approx(
             100 * (p["predicted_s"] - p["measured_s"]) / p["measured_s"], rel=1e-12
         )
@@ -159,7 +164,7 @@ def test_formats_render_the_points_and_the_summary(real_run, monkeypatch, fmt):
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     if fmt == "csv":
-        assert lines[0].split(",") == list(validation.report.COLUMNS)
+        assert lines[0].split(",") == [*validation.report.COLUMNS, "faults_per_call"]
         assert len(lines) == 1 + len(doc["points"])
         return
     assert lines[0].startswith("validate on cpu (")
@@ -484,7 +489,8 @@ def test_fit_recovers_a_machine_and_prices_as_the_fit_does(monkeypatch, tmp_path
 
     def machine(points, grid, **kw):
         return [
-            (predict(p, truth, decode_steps=grid.decode_steps).predicted_s, 0.1) for p in points
+            (predict(p, truth, decode_steps=grid.decode_steps).predicted_s, 0.1, None)
+            for p in points
         ]
 
     monkeypatch.setattr(validation_run, "measure", machine)
@@ -646,10 +652,12 @@ def test_runs_combine_into_each_points_median(monkeypatch, tmp_path, profile_pat
         spread = 100 * (max(times) - min(times)) / p["measured_s"]
         assert p["runs_spread_pct"] == pytest.approx(spread)
         assert p["predicted_s"] == single[0][i]["predicted_s"]  # priced as the first run
+        assert p["faults_per_call"] == statistics.median(r[i]["faults_per_call"] for r in single)
     back = validation.read_validation(tmp_path / "all.json")
     assert back.runs == 3 and back.results[0].runs_spread_pct == pytest.approx(100.0)
+    assert back.results[0].faults_per_call == pytest.approx(2.0)
     table = invoke(*args, "--format", "csv")
-    assert "runs_spread_pct" in table.stdout.splitlines()[0]
+    assert {"runs_spread_pct", "faults_per_call"} <= set(table.stdout.splitlines()[0].split(","))
     assert validation.read_validations(paths[:1]).runs == 1  # one run is itself
 
 
@@ -700,11 +708,11 @@ def test_by_shape_measures_each_shape_as_its_own_set(monkeypatch):
 
     def fake_set(chosen, g, **kw):
         sets.append([p.shape.name for p in chosen])
-        return [(float(points.index(p)), 0.0) for p in chosen]
+        return [timing.Timed(float(points.index(p)), 0.0, None) for p in chosen]
 
     monkeypatch.setattr(timing, "_measure_set", fake_set)
     times = timing.measure(points, grid, by_shape=True)
-    assert [t for t, _ in times] == [float(i) for i in range(len(points))]
+    assert [t.seconds for t in times] == [float(i) for i in range(len(points))]
     shapes = list(dict.fromkeys(p.shape.name for p in points))
     assert len(shapes) == 2 and [set(s) for s in sets] == [{n} for n in shapes]
     assert sum(len(s) for s in sets) == len(points)

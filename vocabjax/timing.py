@@ -8,7 +8,8 @@ Every timed call blocks until its outputs are ready, and the first call of each 
 compiles) is never timed. ``time_interleaved`` times several functions in rounds that call each
 once, so all of them see the same machine load; ratios measured that way are the ones a shared
 machine can be trusted with. Consecutive calls take consecutive input sets, so a function does
-not find its inputs in a cache the previous call warmed.
+not find its inputs in a cache the previous call warmed. A ``Tally`` (``minor_faults``) counts
+something around each timed call, outside its timed interval.
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+
+try:
+    import resource  # POSIX only
+except ImportError:  # pragma: no cover - Windows
+    resource = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +69,30 @@ class TimingSettings:
             matmul_n={"f32": 1024, "bf16": 1024},
             chunk_candidates="quick",
         )
+
+
+class Tally:
+    """A count read before and after each timed call of ``time_interleaved`` (outside the
+    timed interval), kept per function: ``medians()`` is each one's median per call."""
+
+    def __init__(self, read: Callable[[], float]) -> None:
+        self.read = read
+        self.counts: dict[int, list[float]] = {}
+
+    def add(self, index: int, count: float) -> None:
+        self.counts.setdefault(index, []).append(count)
+
+    def medians(self, n: int) -> list[float | None]:
+        return [statistics.median(self.counts[i]) if i in self.counts else None for i in range(n)]
+
+
+def minor_faults() -> float | None:
+    """Minor page faults of this process so far (every thread's), None where the platform
+    does not count them: a call's delta is the pages it touched for the first time, each a
+    trip to the kernel (docs/validation.md)."""
+    if resource is None:
+        return None
+    return float(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
 
 
 def block(x: Any) -> Any:
@@ -109,13 +139,15 @@ def time_interleaved(
     settings: TimingSettings,
     *,
     between: Callable[[], Any] | None = None,
+    tally: Tally | None = None,
 ) -> list[float]:
     """Median wall time of each of ``fns``, timed round-robin: every round calls each function
     once (starting at a different one each round), so all of them see the same machine load;
     consecutive calls take consecutive input sets. Slow points get fewer rounds. ``between``
     (``cache_evictor()``) runs, untimed, before every warm-up and timed call: without it a
     function that follows one reading the same arrays finds them in the cache, and in a fixed
-    round-robin order it follows that one every round."""
+    round-robin order it follows that one every round. ``tally`` counts something around every
+    timed call (``Tally``)."""
     if not fns:
         return []
     n = len(arg_sets)
@@ -139,9 +171,12 @@ def time_interleaved(
             call += 1
             args = arg_sets[call % n]
             pause()
+            before = tally.read() if tally is not None else 0.0
             t0 = time.perf_counter()
             block(fns[j](*args))
             times[j].append(time.perf_counter() - t0)
+            if tally is not None:
+                tally.add(j, tally.read() - before)
         if r + 1 >= settings.min_repeats and min(t[0] for t in times) > settings.slow_call_s:
             break
     return [statistics.median(t) for t in times]

@@ -88,9 +88,7 @@ def calibrate(v: Validation, families: Sequence[str] = STEP_FAMILIES) -> Calibra
     fit = dataclasses.replace(fit, profile=dataclasses.replace(fit.profile, calibration=record))
     steps = v.grid.decode_steps
     after = tuple(
-        Result(
-            r.point, predict(r.point, fit.profile, decode_steps=steps), r.measured_s, r.compile_s
-        )
+        dataclasses.replace(r, prediction=predict(r.point, fit.profile, decode_steps=steps))
         for r in v.results
     )
     return Calibrated(fit, after)

@@ -80,6 +80,7 @@ def point_json(r: Result) -> dict[str, Any]:
         "measured_s": r.measured_s,
         "compile_s": r.compile_s,
         **({} if r.runs_spread_pct is None else {"runs_spread_pct": r.runs_spread_pct}),
+        **({} if r.faults_per_call is None else {"faults_per_call": r.faults_per_call}),
         "error_pct": r.error_pct,
         "bound": q.bound,
         "ops": [o.to_json() for o in q.ops],
@@ -167,8 +168,11 @@ def document(
 
 
 def point_rows(v: Validation) -> list[dict[str, Any]]:
-    """One row per point, in ``COLUMNS`` (and the runs' spread for combined runs)."""
+    """One row per point, in ``COLUMNS`` (and the runs' spread for combined runs, and the
+    page faults per call where the run counted them)."""
     columns = COLUMNS + (("runs_spread_pct",) if v.runs > 1 else ())
+    if any(r.faults_per_call is not None for r in v.results):
+        columns += ("faults_per_call",)
     return [{c: point_json(r).get(c) for c in columns} for r in v.results]
 
 

@@ -42,6 +42,9 @@ class Result:
     compile_s: float  # seconds to compile the point's call (an engine build: with its warm-up)
     # several runs combined (``combine_runs``): (max - min) / median of the point's runs, in %
     runs_spread_pct: float | None = None
+    # minor page faults of one timed call (a decode point's call runs the whole loop), median;
+    # None where not counted (a platform without getrusage, a run saved before they were)
+    faults_per_call: float | None = None
 
     @property
     def error_pct(self) -> float:
@@ -210,8 +213,8 @@ def validate(
     with unembed.using_device_profile(device):
         times = measure([p for p, _ in kept], grid, seed=seed, progress=say, by_shape=by_shape)
     results: list[Result] = []
-    for (p, q), (measured, compile_s) in zip(kept, times, strict=True):
-        r = Result(p, q, measured, compile_s)
+    for (p, q), (measured, compile_s, faults) in zip(kept, times, strict=True):
+        r = Result(p, q, measured, compile_s, faults_per_call=faults)
         results.append(r)
         say(
             f"  {p.label()}: measured {measured * 1e3:.4g} ms, predicted "

@@ -46,7 +46,8 @@ from vocabjax.validation.run import (
 
 KIND = "validation"
 _POINT_FIELDS = ("family", "shape", "vocab", "batch", "context", "measured_s", "compile_s")
-_POINT_OPTIONAL = ("runs_spread_pct",)  # written by a combined run (``combine_runs``)
+# written by a combined run (``combine_runs``), and by runs that counted page faults
+_POINT_OPTIONAL = ("runs_spread_pct", "faults_per_call")
 
 
 def _grid(data: Any, *, where: str) -> Grid:
@@ -105,10 +106,11 @@ def _result(data: Any, grid: Grid, device: DeviceProfile, *, where: str) -> Resu
         predict(point, device, decode_steps=grid.decode_steps),
         positive_number(p["measured_s"], where=f"{where}.measured_s"),
         positive_number(p["compile_s"], where=f"{where}.compile_s", allow_zero=True),
-        None
-        if p.get("runs_spread_pct") is None
-        else positive_number(
-            p["runs_spread_pct"], where=f"{where}.runs_spread_pct", allow_zero=True
+        *(
+            None
+            if p.get(key) is None
+            else positive_number(p[key], where=f"{where}.{key}", allow_zero=True)
+            for key in _POINT_OPTIONAL
         ),
     )
 
@@ -206,11 +208,13 @@ def combine_runs(runs: Sequence[Validation], names: Sequence[str] | None = None)
         each = seen[r.point.label()]
         ts = [x.measured_s for x in each]
         median = statistics.median(ts)
+        faults = [x.faults_per_call for x in each]
         return dataclasses.replace(
             r,
             measured_s=median,
             compile_s=statistics.median(x.compile_s for x in each),
             runs_spread_pct=100.0 * (max(ts) - min(ts)) / median,
+            faults_per_call=None if None in faults else statistics.median(faults),
         )
 
     hosts = list(dict.fromkeys(v.host for v in runs))

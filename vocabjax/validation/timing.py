@@ -38,7 +38,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -51,12 +51,21 @@ from vocabjax.models.gpt import LayerCache
 from vocabjax.progress import Progress
 from vocabjax.serving.engine import MIN_BUCKET, Engine, LoadedRun, Sampling
 from vocabjax.shapes import ModelShape
-from vocabjax.timing import cache_evictor, time_interleaved
+from vocabjax.timing import Tally, cache_evictor, minor_faults, time_interleaved
 from vocabjax.train import CorpusSpec, Functional, HeadTokenizer, RunConfig
 from vocabjax.train.steps import make_train_step, optimizer
 from vocabjax.validation.grid import Grid, Point
 
 Call = Callable[[], Any]
+
+
+class Timed(NamedTuple):
+    """One point's timing: seconds per step (decode: per step of the loop) or per op, its
+    compile seconds, and the median minor page faults of one timed call (None: not counted)."""
+
+    seconds: float
+    compile_s: float
+    faults_per_call: float | None
 
 
 class _Params:
@@ -298,8 +307,9 @@ def measure(
     seed: int = 0,
     progress: Progress | None = None,
     by_shape: bool = False,
-) -> list[tuple[float, float]]:
-    """(measured seconds per step or op, compile seconds) of each of ``points``: every point's
+) -> list[Timed]:
+    """(measured seconds per step or op, compile seconds, minor page faults per call) of each
+    of ``points`` (``Timed``; the faults None where the platform does not count them): every point's
     call is built (compiled) first, shape by shape, then all are timed round-robin as one set,
     so that a load that comes and goes during the run slows every point alike. ``by_shape``:
     each model shape's points are built and timed as a set of their own, one shape after
@@ -307,7 +317,7 @@ def measure(
     other shapes' resident arrays: docs/validation.md)."""
     if not by_shape:
         return _measure_set(points, grid, seed=seed, progress=progress)
-    out: dict[int, tuple[float, float]] = {}
+    out: dict[int, Timed] = {}
     for shape in dict.fromkeys(p.shape for p in points):
         index = [i for i, p in enumerate(points) if p.shape == shape]
         times = _measure_set([points[i] for i in index], grid, seed=seed, progress=progress)
@@ -317,7 +327,7 @@ def measure(
 
 def _measure_set(
     points: Sequence[Point], grid: Grid, *, seed: int, progress: Progress | None
-) -> list[tuple[float, float]]:
+) -> list[Timed]:
     """``measure`` of one set of points timed together."""
     say = progress or (lambda _m: None)
     shapes = list(dict.fromkeys(p.shape for p in points))
@@ -334,7 +344,8 @@ def _measure_set(
             f"validate: timing {len(points)} points round-robin ({s.warmup - 1} warm-up and "
             f"{s.repeats} timed rounds after a first call each)"
         )
-        times = time_interleaved(calls, [()], s, between=cache_evictor())
+        tally = Tally(minor_faults) if minor_faults() is not None else None
+        times = time_interleaved(calls, [()], s, between=cache_evictor(), tally=tally)
     except jax.errors.JaxRuntimeError as exc:  # e.g. RESOURCE_EXHAUSTED: the grid's memory
         first = str(exc).strip().splitlines()[0][:300]
         raise UserError(f"validate: the device refused a call: {first}") from None
@@ -342,4 +353,7 @@ def _measure_set(
         groups = calls = None  # free the arrays before the caller goes on
         gc.collect()
     per_call = [grid.decode_steps if p.family == "decode" else 1 for p in points]
-    return [(t / n, c) for t, n, c in zip(times, per_call, compiles, strict=True)]
+    faults = tally.medians(len(points)) if tally is not None else [None] * len(points)
+    return [
+        Timed(t / n, c, f) for t, n, c, f in zip(times, per_call, compiles, faults, strict=True)
+    ]
