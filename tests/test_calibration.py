@@ -24,6 +24,7 @@ TRUTH = dataclasses.replace(
     train_efficiency=0.5,
     elementwise_efficiency=0.6,
     optimizer_efficiency=1.5,
+    sampling_efficiency=0.08,
     overlap=0.4,
     intensity_table=EfficiencyTable((0.1, 2.0, 50.0, 1000.0), (0.05, 0.3, 0.7, 0.8)),
     memory_table=EfficiencyTable((1e5, 1e7, 1e9, 1e11), (0.1, 0.45, 0.8, 0.85)),
@@ -42,10 +43,7 @@ def synthetic(n: int = 160, seed: int = 0) -> list[Sample]:
         nbytes = tuple(float(10 ** rng.uniform(5, 11)) for _ in range(k))
         flops = tuple(float(y * 10 ** rng.uniform(-1, 3)) for y in nbytes)
         calls = (0.0, 1.0, 0.125)[i % 3]
-        kinds = tuple(
-            str(rng.choice(["matmul", "matmul", "attention", "train", "elementwise", "optimizer"]))
-            for _ in flops
-        )
+        kinds = tuple(str(rng.choice(["matmul", "matmul", *OP_KINDS])) for _ in flops)
         # a third of the matmuls are matrix-vector products streaming rows of 256 B to 16 KiB
         rows = tuple(
             float(2 ** rng.uniform(8, 14)) if k == "matmul" and rng.random() < 1 / 3 else 0.0
@@ -85,6 +83,7 @@ def test_the_fit_recovers_synthetic_timings(fitted):
     assert fit.profile.train_efficiency == pytest.approx(0.5, rel=0.2)
     assert fit.profile.elementwise_efficiency == pytest.approx(0.6, rel=0.2)
     assert fit.profile.optimizer_efficiency == pytest.approx(1.5, rel=0.2)
+    assert fit.profile.sampling_efficiency == pytest.approx(0.08, rel=0.2)
     assert fit.profile.overlap == pytest.approx(0.4, abs=0.1)
     for row in (1024.0, 4096.0):  # a matrix-vector product's rate by its rows' bytes
         assert float(fit.profile.row_table.at(row, xp=np)) == pytest.approx(

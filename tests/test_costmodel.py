@@ -244,3 +244,21 @@ def test_the_one_row_table_prices_matrix_vector_products_alone():
     assert float(fast.decode_step(4096.0, jnp.float32(1.0), 128.0)) == pytest.approx(
         fast.decode_step(4096.0, 1.0, 128.0, xp=PyMath), rel=1e-5
     )
+
+
+def test_the_pick_of_a_token_runs_at_its_own_kinds_rate():
+    """The decode step's sampling and the prefill's pick of the first token are kind
+    "sampling": a profile's ``sampling_efficiency`` stretches them and nothing else."""
+    base = CostModel(ROUND, TINY, Settings(), FLAT)
+    slow = CostModel(dataclasses.replace(ROUND, sampling_efficiency=0.25), TINY, Settings(), FLAT)
+    for ops in ("decode_ops", "prefill_ops"):
+        a = getattr(base, ops)(32768.0, 8.0, 64.0)
+        b = getattr(slow, ops)(32768.0, 8.0, 64.0)
+        assert a["sampling"].kind == "sampling"
+        for name in a:
+            t_a = base.op_time(a[name], xp=PyMath).t
+            t_b = slow.op_time(b[name], xp=PyMath).t
+            assert t_b == pytest.approx(t_a * (4.0 if name == "sampling" else 1.0), rel=1e-12)
+    step = base.decode_step(32768.0, 8.0, 64.0, xp=PyMath)
+    sampling = base.op_time(base.decode_ops(32768.0, 8.0, 64.0)["sampling"], xp=PyMath).t
+    assert slow.decode_step(32768.0, 8.0, 64.0, xp=PyMath) == pytest.approx(step + 3 * sampling)

@@ -222,6 +222,7 @@ def _hand(shape: ModelShape, family: str, vocab: int, batch: int, context: int) 
             layers(b * t),
             attention(t),
             roof(2 * b * v * d, w * v * d + 4 * b * v),
+            roof(4 * b * v, 4 * b * v),  # the first token picked from the last logits
         ]
         return sum(ops) + (layer_launches + 2) * LAUNCH
     if family == "train":
@@ -482,6 +483,7 @@ def test_fit_recovers_a_machine_and_prices_as_the_fit_does(monkeypatch, tmp_path
         attention_efficiency=0.2,
         train_efficiency=0.4,
         elementwise_efficiency=0.5,
+        sampling_efficiency=0.1,
         intensity_table=EfficiencyTable((0.5, 5.0, 50.0, 500.0), (0.05, 0.2, 0.5, 0.7)),
         memory_table=EfficiencyTable((1e4, 1e6, 1e8, 1e10), (3.0, 1.5, 0.8, 0.6)),
         row_table=EfficiencyTable((512.0, 1024.0, 2048.0), (1.0, 1.3, 1.6)),
@@ -505,6 +507,7 @@ def test_fit_recovers_a_machine_and_prices_as_the_fit_does(monkeypatch, tmp_path
     assert fitted.dispatch_overhead_s == pytest.approx(3e-4, rel=0.3)
     assert fitted.attention_efficiency == pytest.approx(0.2, rel=0.3)
     assert fitted.train_efficiency == pytest.approx(0.4, rel=0.3)
+    assert fitted.sampling_efficiency == pytest.approx(0.1, rel=0.3)  # the pick of a token
     assert fitted.row_table is not None  # the grid's decode steps at B = 1 are one-row matmuls
     # by default only the steps are fitted: every op point is then one the fit never saw
     steps_only = calibrate(v)

@@ -322,7 +322,7 @@ class CostModel:
                 self.w * vocab * d + logits,
                 row_bytes=self._one_row(batch),
             ),
-            "sampling": Op(ELEMENTWISE_FLOPS * batch * vocab, logits),
+            "sampling": Op(ELEMENTWISE_FLOPS * batch * vocab, logits, kind="sampling"),
         }
         if s.full:
             ops["attention"] = self._attention(batch, 1.0, context, causal=False)
@@ -339,6 +339,10 @@ class CostModel:
                 2.0 * batch * vocab * d,
                 self.w * vocab * d + batch * vocab * LOGIT_BYTES,
                 row_bytes=self._one_row(batch),
+            ),
+            # the first token picked from the last position's logits
+            "sampling": Op(
+                ELEMENTWISE_FLOPS * batch * vocab, batch * vocab * LOGIT_BYTES, kind="sampling"
             ),
         }
         if self.settings.full:

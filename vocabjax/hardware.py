@@ -210,12 +210,15 @@ class DeviceProfile:
     # Fitted multipliers of the rates above for work the tables do not describe: attention
     # kernels (a batched matrix-vector product with a mask and a softmax, not a GEMM), the
     # forward and backward of a training step, elementwise kernels (norms, activations,
-    # residual adds: no reuse at all) and the optimizer's update over every parameter.
+    # residual adds: no reuse at all), the optimizer's update over every parameter, and the
+    # pick of a token from the B x V logits (an argmax or a sample: a reduction with an index,
+    # which XLA's CPU backend runs at 1/17 of the rate of a plain max, docs/validation.md).
     # 1: priced like a matmul.
     attention_efficiency: float = 1.0
     train_efficiency: float = 1.0
     elementwise_efficiency: float = 1.0
     optimizer_efficiency: float = 1.0
+    sampling_efficiency: float = 1.0
     # The share of the shorter of an op's compute and memory times that runs under the longer:
     # 1 is the roofline's max(t_math, t_mem) (perfect overlap), 0 runs one after the other.
     overlap: float = 1.0
@@ -418,7 +421,7 @@ TABLE_FIELDS = {
     "row_table": "memory_by_row_bytes_one_row",
 }
 # costmodel.Op.kind with a scale field ``{kind}_efficiency``
-OP_KINDS = ("attention", "train", "elementwise", "optimizer")
+OP_KINDS = ("attention", "train", "elementwise", "optimizer", "sampling")
 KIND_FIELDS = tuple(f"{kind}_efficiency" for kind in OP_KINDS)
 EFFICIENCY_FIELDS = ("compute", "memory", "overlap", *OP_KINDS, *TABLE_FIELDS.values())
 CEILING_FIELDS = (
