@@ -212,7 +212,7 @@ class DeviceProfile:
     # forward and backward of a training step, elementwise kernels (norms, activations,
     # residual adds: no reuse at all), the optimizer's update over every parameter, and the
     # pick of a token from the B x V logits (an argmax or a sample: a reduction with an index,
-    # which XLA's CPU backend runs at 1/17 of the rate of a plain max, docs/validation.md).
+    # which XLA's CPU backend runs at about a tenth of the rate of a plain max, docs/validation.md).
     # 1: priced like a matmul.
     attention_efficiency: float = 1.0
     train_efficiency: float = 1.0
