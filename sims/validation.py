@@ -3,7 +3,7 @@
     python sims/validation.py        # seconds: prices the committed runs again, times nothing
 
 Data: ``validate --out`` runs kept in sims/data/ (each point's measured seconds, the grid and
-the profile it priced with; ``vocabjax.validation.measured_fields``): the full grid four times
+the profile it priced with; ``vocabjax.validation.measured_fields``): the full grid five times
 and the quick grid five times, each run in a fresh process, minutes apart. Each point's time is
 its median over the runs of its grid (``combine_runs``, as ``validate --from A --from B ...``
 does); every prediction is made again by today's cost model and fitted as ``validate --fit``
@@ -24,7 +24,7 @@ from vocabjax.validation.fit import calibrate
 from vocabjax.validation.grid import FAMILIES, STEP_FAMILIES
 
 DATA = ROOT / "sims" / "data"
-FULL = tuple(f"validation_cpu_full_{i}.json" for i in (1, 2, 3, 4))
+FULL = tuple(f"validation_cpu_full_{i}.json" for i in (1, 2, 3, 4, 5))
 QUICK = tuple(f"validation_cpu_quick_{i}.json" for i in (1, 2, 3, 4, 5))
 FIGURE = "validation_cpu_full.png"
 TARGET = (10.0, 30.0)  # issue 10: median and worst |error| of the held-out steps, percent
