@@ -24,8 +24,9 @@ twice as fast as a 512-byte one, benchmarks/xla_cpu_dot.py). Beside the tables i
   ``k c``, a decode step of a loop of ``n`` steps per call ``c / n``;
 - one scale of both rates per op kind (``hardware.OP_KINDS``): attention (a batched
   matrix-vector product with a mask and a softmax, which the GEMM tables do not describe), the
-  forward and backward of a training step, and elementwise kernels (norms, activations,
-  residual adds).
+  forward and backward of a training step, elementwise kernels (norms, activations,
+  residual adds), the optimizer's pass, and the pick of a token from the logits (an argmax:
+  an index-carrying reduction, which XLA's CPU backend runs at about a tenth of a plain read).
 
 Each of ``c`` and the kind scales is fitted only when some sample carries it (kernel timings,
 as the GPU fits use, have no calls and no attention), else the profile's value stays. All are

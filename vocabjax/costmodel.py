@@ -94,9 +94,11 @@ class Settings:
 
 class Op(NamedTuple):
     """Work of one op: FLOPs and bytes moved to or from device memory, done by ``kernels``
-    kernels of equal size (a calibrated efficiency is read at one kernel's size). ``kind``
-    "attention" runs at the profile's attention efficiency beside the tables (its kernels are
-    not the GEMMs the tables describe). ``row_bytes``: for a matmul of one activation row (a
+    kernels of equal size (a calibrated efficiency is read at one kernel's size). A ``kind``
+    other than "matmul" (``hardware.OP_KINDS``: "attention", "train", "elementwise",
+    "optimizer", "sampling") runs at the profile's efficiency for that kind beside the tables
+    (its kernels are not the GEMMs the tables describe; "sampling" is the pick of a token from
+    the logits, an index-carrying reduction). ``row_bytes``: for a matmul of one activation row (a
     matrix-vector product), the bytes of one weight row it streams, which a calibrated
     profile's one-row table reads; 0 for anything else."""
 
