@@ -67,9 +67,9 @@ def main(argv: list[str] | None = None) -> None:
     }
     calls = [groups[r.point.shape].build(r.point)[0] for r in chosen]
     settings = dataclasses.replace(run.grid.timing, repeats=args.rounds, min_repeats=args.rounds)
-    tally = Tally(minor_faults) if minor_faults() is not None else None
+    tally = Tally(minor_faults)
     times = time_interleaved(calls, [()], settings, between=cache_evictor(), tally=tally)
-    faults = tally.medians(len(calls)) if tally is not None else [None] * len(calls)
+    faults = tally.medians(len(calls))
     rows = []
     for r, t, f in zip(chosen, times, faults, strict=True):
         own = t / (run.grid.decode_steps if r.point.family == "decode" else 1)

@@ -6,12 +6,12 @@ The decode step's greedy pick (``unembed.greedy``'s xla path, what the serving e
 CPU) reduces the B x V f32 logits to each row's argmax. The cost model prices that pick as one
 read of the logits (``costmodel``'s "sampling" op); a reduction that carries an index is not a
 plain one on every backend. Per (B, V), side by side in one round-robin: ``max`` (the baseline:
-one read, one value per row), ``argmax`` (``jnp.argmax``, an index-carrying reduction), and
+one read, one value per row), ``argmax`` (``jnp.argmax``, an index-carrying reduction),
 ``two-pass`` (the max, then the lowest index holding it: two plain reductions, the same answer
-where the row has no NaN), and ``blocked`` (each block of ``BLOCK`` logits' max, a plain
+where the row has no NaN) and ``blocked`` (each block of ``BLOCK`` logits' max, a plain
 reduction over all of them, then the argmax of the block maxima and the argmax inside the
-chosen block, both over few elements: the same lowest index, NaN included). Each cell is a median time and its rate in GB/s of logits read;
-the ratios are against ``max``. docs/validation.md records a run.
+chosen block, both over few elements: the same lowest index, NaN included). Each cell is a
+median time and its rate in GB/s of logits read; the ratios are against ``max``. docs/validation.md records a run.
 """
 
 from __future__ import annotations

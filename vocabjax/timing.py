@@ -73,14 +73,16 @@ class TimingSettings:
 
 class Tally:
     """A count read before and after each timed call of ``time_interleaved`` (outside the
-    timed interval), kept per function: ``medians()`` is each one's median per call."""
+    timed interval), kept per function: ``medians()`` is each one's median per call, None for
+    a function never counted (or a ``read`` that gives None: a counter this platform lacks)."""
 
     def __init__(self, read: Callable[[], float]) -> None:
         self.read = read
         self.counts: dict[int, list[float]] = {}
 
-    def add(self, index: int, count: float) -> None:
-        self.counts.setdefault(index, []).append(count)
+    def add(self, index: int, before: float | None, after: float | None) -> None:
+        if before is not None and after is not None:
+            self.counts.setdefault(index, []).append(after - before)
 
     def medians(self, n: int) -> list[float | None]:
         return [statistics.median(self.counts[i]) if i in self.counts else None for i in range(n)]
@@ -171,12 +173,12 @@ def time_interleaved(
             call += 1
             args = arg_sets[call % n]
             pause()
-            before = tally.read() if tally is not None else 0.0
+            before = tally.read() if tally is not None else None
             t0 = time.perf_counter()
             block(fns[j](*args))
             times[j].append(time.perf_counter() - t0)
             if tally is not None:
-                tally.add(j, tally.read() - before)
+                tally.add(j, before, tally.read())
         if r + 1 >= settings.min_repeats and min(t[0] for t in times) > settings.slow_call_s:
             break
     return [statistics.median(t) for t in times]

@@ -309,12 +309,12 @@ def measure(
     by_shape: bool = False,
 ) -> list[Timed]:
     """(measured seconds per step or op, compile seconds, minor page faults per call) of each
-    of ``points`` (``Timed``; the faults None where the platform does not count them): every point's
-    call is built (compiled) first, shape by shape, then all are timed round-robin as one set,
-    so that a load that comes and goes during the run slows every point alike. ``by_shape``:
-    each model shape's points are built and timed as a set of their own, one shape after
-    another, the other shapes' arrays and calls freed (a point can run slower beside the
-    other shapes' resident arrays: docs/validation.md)."""
+    of ``points`` (``Timed``; the faults None where the platform does not count them): every
+    point's call is built (compiled) first, shape by shape, then all are timed round-robin as
+    one set, so that a load that comes and goes during the run slows every point alike.
+    ``by_shape``: each model shape's points are built and timed as a set of their own, one
+    shape after another, the other shapes' arrays and calls freed (a point can run slower
+    beside the other shapes' resident arrays: docs/validation.md)."""
     if not by_shape:
         return _measure_set(points, grid, seed=seed, progress=progress)
     out: dict[int, Timed] = {}
@@ -344,7 +344,7 @@ def _measure_set(
             f"validate: timing {len(points)} points round-robin ({s.warmup - 1} warm-up and "
             f"{s.repeats} timed rounds after a first call each)"
         )
-        tally = Tally(minor_faults) if minor_faults() is not None else None
+        tally = Tally(minor_faults)
         times = time_interleaved(calls, [()], s, between=cache_evictor(), tally=tally)
     except jax.errors.JaxRuntimeError as exc:  # e.g. RESOURCE_EXHAUSTED: the grid's memory
         first = str(exc).strip().splitlines()[0][:300]
@@ -353,7 +353,7 @@ def _measure_set(
         groups = calls = None  # free the arrays before the caller goes on
         gc.collect()
     per_call = [grid.decode_steps if p.family == "decode" else 1 for p in points]
-    faults = tally.medians(len(points)) if tally is not None else [None] * len(points)
+    faults = tally.medians(len(points))
     return [
         Timed(t / n, c, f) for t, n, c, f in zip(times, per_call, compiles, faults, strict=True)
     ]
