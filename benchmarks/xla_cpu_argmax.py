@@ -1,17 +1,24 @@
-"""How fast XLA picks the argmax of a row of logits on this machine, against a plain max.
+"""How fast XLA picks the argmax of a row of logits on this machine, against a plain max, and
+what the blocked pick saves in the greedy decode step.
 
     python benchmarks/xla_cpu_argmax.py          # seconds on two CPU cores
 
 The decode step's greedy pick (``unembed.greedy``'s xla path, what the serving engine runs on a
-CPU) reduces the B x V f32 logits to each row's argmax. The cost model prices that pick as one
-read of the logits (``costmodel``'s "sampling" op); a reduction that carries an index is not a
-plain one on every backend. Per (B, V), side by side in one round-robin: ``max`` (the baseline:
-one read, one value per row), ``argmax`` (``jnp.argmax``, an index-carrying reduction),
-``two-pass`` (the max, then the lowest index holding it: two plain reductions, the same answer
-where the row has no NaN) and ``blocked`` (each block of ``BLOCK`` logits' max, a plain
-reduction over all of them, then the argmax of the block maxima and the argmax inside the
-chosen block, both over few elements: the same lowest index, NaN included). Each cell is a
-median time and its rate in GB/s of logits read; the ratios are against ``max``. docs/validation.md records a run.
+CPU) reduces the B x V f32 logits to each row's argmax. The cost model prices that pick as its
+"sampling" op, one read of the logits at the op's own efficiency.
+
+Table 1, per (B, V), side by side in one round-robin: ``max`` (the baseline: one read, one value
+per row), ``argmax`` (``jnp.argmax``, an index-carrying reduction: what the engine ran before
+``vocabjax.unembed.argmax``), ``two-pass`` (the max, then the lowest index holding it: two plain
+reductions, the same answer where the row has no NaN) and ``blocked``
+(``vocabjax.unembed.argmax.blocked_argmax``: each block of up to 256 logits' max, then the
+argmax of the block maxima and inside the chosen block; the same index as ``jnp.argmax``, NaN
+included; ``jnp.argmax`` itself at V = 50,257, which no power-of-two block divides).
+Each cell is a median time and its rate in GB/s of logits read; the ratios are against ``max``.
+
+Table 2, the whole greedy pick from the hidden state (D = 512, f32 W), side by side: ``before``
+is ``tile_logits`` then ``jnp.argmax``, ``after`` is ``unembed.greedy(impl="xla")`` as it runs
+now; the ratio is before / after. docs/validation.md records a run.
 """
 
 from __future__ import annotations
@@ -21,10 +28,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vocabjax import unembed
 from vocabjax.timing import TimingSettings, time_interleaved
+from vocabjax.unembed.argmax import blocked_argmax, plain_argmax
+from vocabjax.unembed.chunked import tile_logits
 
-VOCABS = (16384, 65536, 131072)
+VOCABS = (16384, 50257, 131072)  # 50,257: no block divides it (blocked runs jnp.argmax)
 BATCHES = (1, 4, 64)
+D_MODEL = 512
+SETTINGS = TimingSettings(warmup=3, repeats=15)
 
 
 def two_pass(x_bv):
@@ -34,43 +46,47 @@ def two_pass(x_bv):
     return jnp.min(jnp.where(x_bv == top_b, ids_v, x_bv.shape[-1]), axis=-1)
 
 
-BLOCK = 256
-
-
-def blocked(x_bv):
-    """The argmax of each row from its blocks' maxima: the first block holding the row's max,
-    then the first index holding it inside that block (V a multiple of ``BLOCK``)."""
-    b, v = x_bv.shape
-    blocks_bnk = x_bv.reshape(b, v // BLOCK, BLOCK)
-    block_b = jnp.argmax(jnp.max(blocks_bnk, axis=-1), axis=-1)
-    inside_bk = jnp.take_along_axis(blocks_bnk, block_b[:, None, None], axis=1)[:, 0]
-    return block_b * BLOCK + jnp.argmax(inside_bk, axis=-1)
-
-
 PICKS = {
     "max": lambda x: jnp.max(x, axis=-1),
-    "argmax": lambda x: jnp.argmax(x, axis=-1),
+    "argmax": plain_argmax,
     "two-pass": two_pass,
-    "blocked": blocked,
+    "blocked": blocked_argmax,
 }
+STEPS = {
+    "before": lambda h, w: plain_argmax(tile_logits(h, w)),
+    "after": lambda h, w: unembed.greedy(h, w, impl="xla"),
+}
+
+
+def _timed(jitted, make_args, check):
+    """Median seconds of each (cell, name) call, all in one round-robin."""
+    calls, cells = [], []
+    for v in VOCABS:
+        for b in BATCHES:
+            args = make_args(v, b)
+            want = check(*args)  # None: every call gives the first call's ids
+            for name, fn in jitted.items():
+                got = np.asarray(fn(*args))
+                if want is None:
+                    want = got
+                if got.dtype.kind == "i":  # not ``max``
+                    np.testing.assert_array_equal(got, want)
+                calls.append(lambda f=fn, a=args: f(*a))
+                cells.append((v, b, name))
+    return dict(zip(cells, time_interleaved(calls, [()], SETTINGS), strict=True))
 
 
 def main() -> None:
     _report.header(__file__, None, "XLA argmax against max over f32 logits")
     rng = np.random.default_rng(0)
-    jitted = {name: jax.jit(fn) for name, fn in PICKS.items()}
-    calls, cells = [], []
-    for v in VOCABS:
-        for b in BATCHES:
-            x_bv = jnp.asarray(rng.standard_normal((b, v), dtype=np.float32))
-            want = np.argmax(np.asarray(x_bv), axis=-1)
-            for name, fn in jitted.items():
-                if name != "max":  # both index picks give numpy's answer
-                    np.testing.assert_array_equal(np.asarray(fn(x_bv)), want)
-                calls.append(lambda f=fn, x=x_bv: f(x))
-                cells.append((v, b, name))
-    times = dict(
-        zip(cells, time_interleaved(calls, [()], TimingSettings(warmup=3, repeats=15)), strict=True)
+
+    def logits(v, b):
+        return (jnp.asarray(rng.standard_normal((b, v), dtype=np.float32)),)
+
+    times = _timed(
+        {name: jax.jit(fn) for name, fn in PICKS.items()},
+        logits,
+        lambda x: np.argmax(np.asarray(x), axis=-1),
     )
     ratios = [name for name in PICKS if name != "max"]
     print(
@@ -83,6 +99,22 @@ def main() -> None:
             text = [f"{1e3 * t[n]:.3g} ms, {4 * b * v / t[n] / 1e9:.1f} GB/s" for n in PICKS]
             over = [f"{t[n] / t['max']:.1f}" for n in ratios]
             print(f"| {v} | {b} | " + " | ".join(text) + " | " + " | ".join(over) + " |")
+
+    def step_args(v, b):
+        h = jnp.asarray(rng.standard_normal((b, D_MODEL), dtype=np.float32))
+        w = jnp.asarray(rng.standard_normal((v, D_MODEL), dtype=np.float32) / D_MODEL**0.5)
+        return h, w
+
+    times = _timed({name: jax.jit(fn) for name, fn in STEPS.items()}, step_args, lambda h, w: None)
+    print(f"\nGreedy pick from h (D = {D_MODEL}, f32 W): logits then jnp.argmax, and now")
+    print("| V | B | before | after | before / after |")
+    print("|---:|---:|---:|---:|---:|")
+    for v in VOCABS:
+        for b in BATCHES:
+            before, after = times[v, b, "before"], times[v, b, "after"]
+            print(
+                f"| {v} | {b} | {1e3 * before:.3g} ms | {1e3 * after:.3g} ms | {before / after:.2f} |"
+            )
 
 
 if __name__ == "__main__":

@@ -56,6 +56,7 @@ from vocabjax import unembed
 from vocabjax.errors import UserError
 from vocabjax.models import GPT, head_loss
 from vocabjax.train import IGNORE, Functional
+from vocabjax.unembed.argmax import argmax
 from vocabjax.unembed.chunked import tile_logits
 
 Stop = Literal["eos", "max_new_tokens", "max_seq"]
@@ -180,7 +181,7 @@ def pick_masked(
     if s.greedy:
         logits_bv = tile_logits(h_bd, w_vd)
         logits_bv = jnp.where(ids_v[None, :] < vocab_b[:, None], logits_bv, -jnp.inf)
-        return jnp.where(bad_b, jnp.int32(-1), jnp.argmax(logits_bv, axis=1).astype(jnp.int32))
+        return jnp.where(bad_b, jnp.int32(-1), argmax(logits_bv))
     inv_t = 1.0 / jnp.asarray(float(s.temperature), jnp.float32)
     row = jnp.zeros((), jnp.int32)  # ``pick`` samples each row alone, as row 0 of its call
 
@@ -188,7 +189,7 @@ def pick_masked(
         seeds = noise.seeds_from_key(jax.random.fold_in(key, j))
         logits_v = jnp.where(ids_v < vocab, tile_logits(h_d[None], w_vd)[0], -jnp.inf)
         if s.top_k is None:
-            return jnp.argmax(logits_v * inv_t + noise.gumbel(seeds, row, ids_v)).astype(jnp.int32)
+            return argmax(logits_v * inv_t + noise.gumbel(seeds, row, ids_v))
         vals_k, ids_k = lax.top_k(logits_v, s.top_k)
         best = jnp.argmax(vals_k * inv_t + noise.gumbel(seeds, row, ids_k))
         return ids_k[best].astype(jnp.int32)

@@ -24,6 +24,7 @@ from pallas_kernels import noise
 from pallas_kernels._common import dlogits, next_pow2
 from vocabjax.errors import UserError
 from vocabjax.hardware import BYTES_PER_ELEMENT
+from vocabjax.unembed.argmax import argmax
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,7 +242,7 @@ def decode(
 
     def merge_max(best, best_id, tile, start):
         t_max = jnp.max(tile, axis=1)
-        t_id = jnp.argmax(tile, axis=1).astype(jnp.int32) + start
+        t_id = argmax(tile) + start
         better = t_max > best  # strict: earlier tiles (lower ids) win ties
         return jnp.where(better, t_max, best), jnp.where(better, t_id, best_id)
 

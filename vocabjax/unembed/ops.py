@@ -17,6 +17,7 @@ from pallas_kernels import noise
 from pallas_kernels._common import pad_rows
 from vocabjax.errors import UserError
 from vocabjax.unembed import chunked, pallas, vjp
+from vocabjax.unembed.argmax import argmax
 from vocabjax.unembed.chunked import ChunkBlocks
 from vocabjax.unembed.selector import IMPLS, Impl, dtype_name, select
 
@@ -127,10 +128,10 @@ def _xla_decode(
         rows = jnp.arange(h_bd.shape[0], dtype=jnp.int32)[:, None]
         tok = jnp.arange(w_vd.shape[0], dtype=jnp.int32)[None, :]
         scores = logits * inv_temperature + noise.gumbel(seeds, rows, tok)
-        sample_b = jnp.argmax(scores, axis=1).astype(jnp.int32)
+        sample_b = argmax(scores)
     return chunked.Stats(
         jnp.max(logits, axis=1),
-        jnp.argmax(logits, axis=1).astype(jnp.int32),
+        argmax(logits),
         jax.nn.logsumexp(logits, axis=1),
         sample_b,
     )
