@@ -3,9 +3,12 @@
     python sims/validation.py        # seconds: prices the committed runs again, times nothing
 
 Data: ``validate --out`` runs kept in sims/data/ (each point's measured seconds, the grid and
-the profile it priced with; ``vocabjax.validation.measured_fields``): the full grid five times
-and the quick grid five times, each run in a fresh process, minutes apart. Each point's time is
-its median over the runs of its grid (``combine_runs``, as ``validate --from A --from B ...``
+the profile it priced with; ``vocabjax.validation.measured_fields``): the full grid and the quick
+grid several times each, each run in a fresh process, minutes apart. Only the runs that timed
+today's engine count: runs 1-5 of each grid (2026-12-05) timed the token pick with
+``jnp.argmax``, which commit 77cbf40 replaced on the CPU with ``vocabjax.unembed.argmax``'s
+blocked pick; they stay in sims/data/ for the figures docs/validation.md quotes from them.
+Each point's time is its median over the runs of its grid (``combine_runs``, as ``validate --from A --from B ...``
 does); every prediction is made again by today's cost model and fitted as ``validate --fit``
 fits: two thirds of the step points by a hash of each point, the rest and every op held out.
 Each run against the medians says how far this machine repeats itself.
@@ -24,8 +27,8 @@ from vocabjax.validation.fit import calibrate
 from vocabjax.validation.grid import FAMILIES, STEP_FAMILIES
 
 DATA = ROOT / "sims" / "data"
-FULL = tuple(f"validation_cpu_full_{i}.json" for i in (1, 2, 3, 4, 5))
-QUICK = tuple(f"validation_cpu_quick_{i}.json" for i in (1, 2, 3, 4, 5))
+FULL = tuple(f"validation_cpu_full_{i}.json" for i in (6, 7, 8))
+QUICK = tuple(f"validation_cpu_quick_{i}.json" for i in (6, 7, 8, 9, 10))
 FIGURE = "validation_cpu_full.png"
 TARGET = (10.0, 30.0)  # issue 10: median and worst |error| of the held-out steps, percent
 
