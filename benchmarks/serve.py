@@ -131,12 +131,6 @@ def price(result, cm: CostModel, context: int) -> float:
     return total
 
 
-def _share(result) -> float:
-    """The share of a continuously batched trace's busy time spent in admissions."""
-    admit = sum(b.service_s for b in result.batches)
-    return admit / max(admit + sum(c.service_s for c in result.chunks), 1e-12)
-
-
 def figures(result, models: dict[str, CostModel], context: int) -> dict[str, float]:
     """What one served trace measured and what each device's cost model predicts."""
     s = result.summary()
@@ -159,7 +153,7 @@ def figures(result, models: dict[str, CostModel], context: int) -> dict[str, flo
         # the joining prompts, then the join) against its decode calls, and the decode steps
         # per call (a call ends at the step where a row stops); static batches hold both in
         # one call per batch
-        out["admit_share"] = _share(result)
+        out["admit_share"] = sum(b.service_s for b in result.batches) / s["busy_s"]
         out["steps_per_call"] = s["decode_steps"] / max(len(result.chunks), 1)
     for name, cm in models.items():
         out[f"predicted {name}"] = price(result, cm, context) / nbytes

@@ -18,7 +18,12 @@ Each cell is a median time and its rate in GB/s of logits read; the ratios are a
 
 Table 2, the whole greedy pick from the hidden state (D = 512, f32 W), side by side: ``before``
 is ``tile_logits`` then ``jnp.argmax``, ``after`` is ``unembed.greedy(impl="xla")`` as it runs
-now; the ratio is before / after. docs/validation.md records a run.
+now; the ratio is before / after.
+
+Table 3, the pick of each row alone under ``vmap`` (as the serving engine samples: each row of
+a batch is its own call, for its own noise), side by side: ``jnp.argmax`` against
+``vocabjax.unembed.argmax``, whose vmap rule picks over the whole batched array so that its NaN
+check stays one branch. docs/validation.md records a run.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import numpy as np
 
 from vocabjax import unembed
 from vocabjax.timing import TimingSettings, time_interleaved
-from vocabjax.unembed.argmax import blocked_argmax, plain_argmax
+from vocabjax.unembed.argmax import argmax, blocked_argmax, plain_argmax
 from vocabjax.unembed.chunked import tile_logits
 
 VOCABS = (16384, 50257, 131072)  # 50,257: no block divides it (blocked runs jnp.argmax)
@@ -51,6 +56,10 @@ PICKS = {
     "argmax": plain_argmax,
     "two-pass": two_pass,
     "blocked": blocked_argmax,
+}
+PER_ROW = {
+    "jnp.argmax": jax.vmap(plain_argmax),
+    "argmax": jax.vmap(argmax),
 }
 STEPS = {
     "before": lambda h, w: plain_argmax(tile_logits(h, w)),
@@ -114,6 +123,21 @@ def main() -> None:
             before, after = times[v, b, "before"], times[v, b, "after"]
             print(
                 f"| {v} | {b} | {1e3 * before:.3g} ms | {1e3 * after:.3g} ms | {before / after:.2f} |"
+            )
+
+    times = _timed(
+        {name: jax.jit(fn) for name, fn in PER_ROW.items()},
+        logits,
+        lambda x: np.argmax(np.asarray(x), axis=-1),
+    )
+    print("\nEach row's pick under vmap (the engine's sampling path)")
+    print("| V | B | jnp.argmax | argmax | jnp.argmax / argmax |")
+    print("|---:|---:|---:|---:|---:|")
+    for v in VOCABS:
+        for b in BATCHES:
+            plain, ours = times[v, b, "jnp.argmax"], times[v, b, "argmax"]
+            print(
+                f"| {v} | {b} | {1e3 * plain:.3g} ms | {1e3 * ours:.3g} ms | {plain / ours:.2f} |"
             )
 
 

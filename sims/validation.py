@@ -8,8 +8,8 @@ grid several times each, each run in a fresh process, minutes apart. Only the ru
 today's engine count: runs 1-5 of each grid (2026-12-05) timed the token pick with
 ``jnp.argmax``, which commit 77cbf40 replaced on the CPU with ``vocabjax.unembed.argmax``'s
 blocked pick; they stay in sims/data/ for the figures docs/validation.md quotes from them.
-Each point's time is its median over the runs of its grid (``combine_runs``, as ``validate --from A --from B ...``
-does); every prediction is made again by today's cost model and fitted as ``validate --fit``
+Each point's time is its median over the runs of its grid (``combine_runs``, as ``validate
+--from A --from B ...`` does); every prediction is made again by today's cost model and fitted as ``validate --fit``
 fits: two thirds of the step points by a hash of each point, the rest and every op held out.
 Each run against the medians says how far this machine repeats itself.
 """

@@ -92,3 +92,25 @@ def test_matches_numpy_property(rows, log_block, blocks, seed, levels, nan_share
     x = rng.integers(0, levels, size=(rows, blocks * 2**log_block)).astype(np.float32)
     x[rng.random(x.shape) < nan_share] = np.nan
     np.testing.assert_array_equal(np.asarray(jax.jit(blocked_argmax)(jnp.asarray(x))), _want(x))
+
+
+def test_vmap_rule_over_any_axis_and_nested():
+    x = np.random.default_rng(3).standard_normal((2, 3, 2 * BLOCK), dtype=np.float32)
+    x[1, 2, 7] = np.nan  # one NaN: the whole batched call takes jnp.argmax's branch
+    want = _want(x)
+    np.testing.assert_array_equal(np.asarray(jax.jit(jax.vmap(jax.vmap(argmax)))(x)), want)
+    moved = np.ascontiguousarray(np.moveaxis(x, 0, 1))  # (3, 2, V), mapped over its axis 1
+    got = jax.jit(jax.vmap(argmax, in_axes=1, out_axes=0))(jnp.asarray(moved))
+    np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_gradient_through_a_function_that_also_picks():
+    # unembed.logsumexp computes the pick beside the log-sum-exp and is differentiated
+    x = jnp.asarray(np.random.default_rng(4).standard_normal((4, 2 * BLOCK)), jnp.float32)
+
+    def f(x):
+        return jnp.sum(jax.nn.logsumexp(x, axis=-1) + 0.0 * argmax(x).astype(jnp.float32))
+
+    np.testing.assert_allclose(
+        np.asarray(jax.grad(f)(x)), np.asarray(jax.nn.softmax(x, axis=-1)), rtol=1e-6
+    )

@@ -16,6 +16,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.custom_batching import custom_vmap
 
 BLOCK = 256  # logits per block at most: 1 KiB of f32, a few cache lines' worth per row
 MIN_BLOCK = 32  # a V with no power-of-two divisor this large runs ``jnp.argmax``
@@ -23,8 +24,26 @@ MIN_BLOCK = 32  # a V with no power-of-two divisor this large runs ``jnp.argmax`
 
 def argmax(x: jax.Array) -> jax.Array:
     """The index of the largest entry along the last axis, int32, lowest on ties; equal to
-    ``jnp.argmax(x, axis=-1)`` for every input, NaN and infinities included."""
+    ``jnp.argmax(x, axis=-1)`` for every input, NaN and infinities included. An index has no
+    derivative: ``x`` passes ``stop_gradient`` (``custom_vmap`` has no differentiation rule,
+    and a caller such as ``unembed.logsumexp`` is differentiated beside its unused pick)."""
+    return _argmax(lax.stop_gradient(x))
+
+
+@custom_vmap
+def _argmax(x: jax.Array) -> jax.Array:
     return lax.platform_dependent(x, cpu=blocked_argmax, default=plain_argmax)
+
+
+@_argmax.def_vmap
+def _argmax_vmap(axis_size: int, in_batched: list[bool], x: jax.Array):
+    """Under ``vmap``, the pick of the whole batched array (its batch axis leads, the vocabulary
+    axis stays last): ``blocked_argmax``'s NaN check then covers every row at once and stays a
+    ``lax.cond``, where vmap's own rule would make it a select that runs both branches, slower
+    than ``jnp.argmax`` alone. The serving engine samples each row as its own call under vmap:
+    there this picks 2.1-10.6x faster than ``jnp.argmax`` at V = 16k and 128k
+    (``benchmarks/xla_cpu_argmax.py``, its third table)."""
+    return _argmax(x), in_batched[0]
 
 
 def plain_argmax(x: jax.Array) -> jax.Array:
@@ -52,7 +71,8 @@ def blocked_argmax(x: jax.Array, block: int = BLOCK) -> jax.Array:
     ``jnp.max`` of an 8 x 1024 array holding one NaN gave 0), and looking for NaN per block
     cost as much as ``jnp.argmax`` itself. A sum keeps NaN, so one plain sum over ``x`` tells
     whether it may hold one (also true for +inf beside -inf); if so the whole call runs
-    ``plain_argmax`` instead (``lax.cond``: under ``vmap`` both branches run)."""
+    ``plain_argmax`` instead (``lax.cond``: under ``vmap`` both branches run, which ``argmax``'s
+    own vmap rule avoids)."""
     *lead, v = x.shape
     size = block_for(v, block)
     if size is None:
