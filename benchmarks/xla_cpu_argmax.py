@@ -115,30 +115,27 @@ def main() -> None:
         return h, w
 
     times = _timed({name: jax.jit(fn) for name, fn in STEPS.items()}, step_args, lambda h, w: None)
-    print(f"\nGreedy pick from h (D = {D_MODEL}, f32 W): logits then jnp.argmax, and now")
-    print("| V | B | before | after | before / after |")
-    print("|---:|---:|---:|---:|---:|")
-    for v in VOCABS:
-        for b in BATCHES:
-            before, after = times[v, b, "before"], times[v, b, "after"]
-            print(
-                f"| {v} | {b} | {1e3 * before:.3g} ms | {1e3 * after:.3g} ms | {before / after:.2f} |"
-            )
-
+    _ratio_table(
+        times, f"Greedy pick from h (D = {D_MODEL}, f32 W): logits then jnp.argmax, and now"
+    )
     times = _timed(
         {name: jax.jit(fn) for name, fn in PER_ROW.items()},
         logits,
         lambda x: np.argmax(np.asarray(x), axis=-1),
     )
-    print("\nEach row's pick under vmap (the engine's sampling path)")
-    print("| V | B | jnp.argmax | argmax | jnp.argmax / argmax |")
+    _ratio_table(times, "Each row's pick under vmap (the engine's sampling path)")
+
+
+def _ratio_table(times, title: str) -> None:
+    """A table of two ways' medians per (V, B) and the first over the second."""
+    first, second = dict.fromkeys(name for _, _, name in times)
+    print(f"\n{title}")
+    print(f"| V | B | {first} | {second} | {first} / {second} |")
     print("|---:|---:|---:|---:|---:|")
     for v in VOCABS:
         for b in BATCHES:
-            plain, ours = times[v, b, "jnp.argmax"], times[v, b, "argmax"]
-            print(
-                f"| {v} | {b} | {1e3 * plain:.3g} ms | {1e3 * ours:.3g} ms | {plain / ours:.2f} |"
-            )
+            x, y = times[v, b, first], times[v, b, second]
+            print(f"| {v} | {b} | {1e3 * x:.3g} ms | {1e3 * y:.3g} ms | {x / y:.2f} |")
 
 
 if __name__ == "__main__":
