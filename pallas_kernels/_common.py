@@ -102,13 +102,28 @@ def prepare_seeds(seeds: jax.Array) -> jax.Array:
 
 def tile_max_argmax(x_bv: jax.Array, ids_v: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Row max of a tile and the lowest id attaining it, with reductions that lower everywhere.
+    A NaN ranks above everything, as in ``jnp.argmax``: a row holding one gets max NaN and the
+    id of its first NaN (a max reduction may drop NaN: XLA's CPU one does from eight rows).
 
     ``ids_v`` are the global token ids of the tile's columns, shape (1, block_v) or (block_v,).
     """
     m_b = jnp.max(x_bv, axis=1)
-    hit = x_bv == m_b[:, None]
-    arg_b = jnp.min(jnp.where(hit, ids_v, BIG_ID), axis=1)
-    return m_b, arg_b
+    arg_b = jnp.min(jnp.where(x_bv == m_b[:, None], ids_v, BIG_ID), axis=1)
+    nan_b = jnp.min(jnp.where(jnp.isnan(x_bv), ids_v, BIG_ID), axis=1)
+    has_nan = nan_b < BIG_ID
+    return jnp.where(has_nan, jnp.nan, m_b), jnp.where(has_nan, nan_b, arg_b)
+
+
+def takes_over(new: jax.Array, run: jax.Array) -> jax.Array:
+    """Where a later tile's max replaces the running one: larger (ties keep the lower id), or
+    the row's first NaN."""
+    return (new > run) | (jnp.isnan(new) & ~jnp.isnan(run))
+
+
+def finite_lse(m_b: jax.Array, lse_b: jax.Array) -> jax.Array:
+    """A logsumexp ``lse_b`` taken around the max ``m_b``: +inf where the max is +inf (the sum
+    then holds inf - inf), NaN where the max is NaN."""
+    return jnp.where(m_b == jnp.inf, jnp.inf, jnp.where(jnp.isnan(m_b), jnp.nan, lse_b))
 
 
 def tile_decode_stats(logits_bv, v0, vocab: int, rows_b, seeds, inv_t):
@@ -129,7 +144,7 @@ def tile_decode_stats(logits_bv, v0, vocab: int, rows_b, seeds, inv_t):
     out = {
         "max": m_b,
         "argmax": arg_b,
-        "lse": m_b + jnp.log(jnp.sum(jnp.exp(logits_bv - m_b[:, None]), axis=1)),
+        "lse": finite_lse(m_b, m_b + jnp.log(jnp.sum(jnp.exp(logits_bv - m_b[:, None]), axis=1))),
     }
     if seeds is not None:
         g_bv = noise.gumbel(seeds, rows_b[:, None], ids_v[None, :])
@@ -139,16 +154,22 @@ def tile_decode_stats(logits_bv, v0, vocab: int, rows_b, seeds, inv_t):
 
 
 def merge_max_argmax(m_tb: jax.Array, arg_tb: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Merge per-tile (max, lowest argmax) partials over axis 0 (tiles in increasing id order)."""
+    """Merge per-tile (max, lowest argmax) partials over axis 0 (tiles in increasing id order);
+    a NaN tile max wins, as in ``tile_max_argmax``."""
+    nan_tb = jnp.isnan(m_tb)
+    has_nan = nan_tb.any(axis=0)
     m_b = jnp.max(m_tb, axis=0)
-    arg_b = jnp.min(jnp.where(m_tb == m_b[None, :], arg_tb, BIG_ID), axis=0)
-    return m_b, arg_b
+    hit = jnp.where(has_nan[None, :], nan_tb, m_tb == m_b[None, :])
+    arg_b = jnp.min(jnp.where(hit, arg_tb, BIG_ID), axis=0)
+    return jnp.where(has_nan, jnp.nan, m_b), arg_b
 
 
 def merge_lse(lse_tb: jax.Array) -> jax.Array:
-    """logsumexp over axis 0 of per-tile logsumexps (every tile holds at least one token)."""
+    """logsumexp over axis 0 of per-tile logsumexps (every tile holds at least one token): NaN
+    where a tile's is, +inf where one is +inf."""
     m_b = jnp.max(lse_tb, axis=0)
-    return m_b + jnp.log(jnp.sum(jnp.exp(lse_tb - m_b[None, :]), axis=0))
+    m_b = jnp.where(jnp.isnan(lse_tb).any(axis=0), jnp.nan, m_b)
+    return finite_lse(m_b, m_b + jnp.log(jnp.sum(jnp.exp(lse_tb - m_b[None, :]), axis=0)))
 
 
 def merge_decode_partials(parts: dict[str, jax.Array], batch: int, has_seeds: bool) -> DecodeStats:

@@ -148,9 +148,12 @@ def _topk_partials(h_bd, w_vd, k: int, *, blocks: TopKBlocks, interpret: bool, p
 
 
 def _sorted_topk(vals_bc, ids_bc, k: int):
-    """The k best (value desc, id asc) of candidate columns."""
-    neg, ids = lax.sort((-vals_bc, ids_bc), dimension=1, num_keys=2)
-    return -neg[:, :k], ids[:, :k]
+    """The k best (value desc, id asc) of candidate columns, a NaN ranked first whatever its
+    sign bit (``lax.sort`` orders a negative NaN below -inf)."""
+    nan = jnp.isnan(vals_bc)
+    keys = (jnp.where(nan, 0, 1), jnp.where(nan, 0.0, -vals_bc), ids_bc)
+    *_, ids, vals = lax.sort((*keys, vals_bc), dimension=1, num_keys=3)
+    return vals[:, :k], ids[:, :k]
 
 
 @functools.partial(jax.jit, static_argnames=("k", "blocks", "interpret"))

@@ -29,8 +29,10 @@ from pallas_kernels._common import (
     cdiv,
     check_pow2,
     decode_pallas_call,
+    finite_lse,
     merge_decode_partials,
     next_pow2,
+    takes_over,
     tile_decode_stats,
     tile_logits,
 )
@@ -101,11 +103,12 @@ def _merge_into(run: dict, new: dict) -> dict:
     for value, index in (("max", "argmax"), ("score", "sample")):
         if value not in run:
             continue
-        take = new[value] > run[value]  # ties keep the earlier, lower id
+        take = takes_over(new[value], run[value])  # ties keep the earlier, lower id
         out[value] = jnp.where(take, new[value], run[value])
         out[index] = jnp.where(take, new[index], run[index])
-    hi = jnp.maximum(run["lse"], new["lse"])
-    out["lse"] = hi + jnp.log(jnp.exp(run["lse"] - hi) + jnp.exp(new["lse"] - hi))
+    nan = jnp.isnan(run["lse"]) | jnp.isnan(new["lse"])
+    hi = jnp.where(nan, jnp.nan, jnp.maximum(run["lse"], new["lse"]))
+    out["lse"] = finite_lse(hi, hi + jnp.log(jnp.exp(run["lse"] - hi) + jnp.exp(new["lse"] - hi)))
     return out
 
 

@@ -62,6 +62,30 @@ def test_a_mixed_pick_is_each_rows_pick_at_its_own_head(sampling):
     ).any()
 
 
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=SAMPLING_IDS)
+def test_a_nan_weight_stops_the_heads_that_hold_it_alone(sampling):
+    """Token 50's weights NaN: its logit is NaN in every row, so every row at a head that holds
+    it (64, 97) picks -1, as each head's own pick does, and rows at head 31 never see it."""
+    heads = (31, 64, 97)
+    model = GPT(GPTConfig(MICRO, max_vocab=97, max_seq=8), rngs=nnx.Rngs(3))
+    w = model.embed if model.config.tie_embeddings else model.unembed
+    w[...] = w[...].at[50].set(jnp.nan)
+    rows = 9
+    h_bd = jax.random.normal(jax.random.key(5), (rows, MICRO.d_model), jnp.float32)
+    keys_b = jax.random.split(jax.random.key(6), rows)
+    j_b = jnp.zeros((rows,), jnp.int32)
+    vocab_b = jnp.asarray(np.repeat(heads, 3), jnp.int32)
+
+    def picks(head: int, mask=None) -> np.ndarray:
+        config = dec.DecodeConfig(None, 8, head=head, sampling=sampling, mixed=mask is not None)
+        return np.asarray(jax.jit(lambda h: dec.pick(config, model, h, keys_b, j_b, mask))(h_bd))
+
+    mixed = picks(97, vocab_b)
+    want = np.concatenate([picks(v)[3 * i : 3 * i + 3] for i, v in enumerate(heads)])
+    np.testing.assert_array_equal(mixed, want)
+    assert (mixed[:3] >= 0).all() and (mixed[3:] == -1).all()
+
+
 @pytest.mark.slow
 def test_a_mixed_decode_loop_equals_each_heads_loop():
     """The same carry of rows at two heads, run by the loop once mixed and once per head."""

@@ -23,6 +23,7 @@ from pallas_testing import (
 )
 
 from pallas_kernels import noise
+from pallas_kernels._common import DecodeStats
 from pallas_kernels.fused_decode import (
     DecodeBlocks,
     _decode_partials,
@@ -119,6 +120,28 @@ class DecodeKernelTestBase:
             h_bd, w_vd, noise.seeds_from_key(jax.random.key(12)), inv_temperature=1.3
         )
         assert not np.array_equal(other.sample_b, ref.sample_b)  # the seeds matter
+
+    def test_non_finite_logits_rank_as_jnp_argmax(self):
+        """Token 700 (a later tile in every tiling) gets an infinity in column 3: rows with
+        h[:, 3] = 0 see inf * 0 = NaN (max NaN, argmax its id, lse NaN), rows with h[:, 3] > 0
+        see +inf (argmax its id, lse +inf), the rest -inf (never picked). NaN ranks first as in
+        jnp.argmax, for the greedy and the sampled pick, whatever the merge of the tiles."""
+        h_bd, w_vd = random_hw(4, 5, 1000, 100, jnp.float32)
+        h_bd = h_bd.at[:, 3].set(jnp.asarray([0.0, 1.0, -1.0, 0.0, 1.0]))
+        # Token 900: -inf for every row but row 3, whose second NaN it is.
+        w_vd = w_vd.at[700, 3].set(jnp.inf).at[900, 7].set(jnp.inf)
+        h_bd = h_bd.at[:, 7].set(jnp.asarray([-1.0, -1.0, -1.0, 0.0, -1.0]))
+        seeds = noise.seeds_from_key(jax.random.key(2))
+        finite = fused_decode_reference(h_bd, w_vd.at[700].set(0.0).at[900].set(0.0), seeds)
+        for blocks in self.tilings():
+            out = DecodeStats(*map(np.asarray, self.decode(h_bd, w_vd, seeds, blocks=blocks)))
+            what = str(blocks)
+            np.testing.assert_array_equal(out.argmax_b[[0, 1, 3, 4]], 700, err_msg=what)
+            np.testing.assert_array_equal(out.sample_b[[0, 1, 3, 4]], 700, err_msg=what)
+            assert np.isnan(out.max_b[[0, 3]]).all() and np.isnan(out.lse_b[[0, 3]]).all(), what
+            assert (out.max_b[[1, 4]] == np.inf).all() and (out.lse_b[[1, 4]] == np.inf).all()
+            assert out.argmax_b[2] == finite.argmax_b[2] and out.sample_b[2] != 700, what
+            assert np.isfinite(out.lse_b[2]), what
 
     def test_sample_distribution_is_tempered_softmax(self):
         """Chi-square over 8,192 rows sharing one h: counts follow softmax(logits * inv_t)."""

@@ -257,8 +257,13 @@ def test_generation_stops_at_the_separator_and_on_a_non_finite_state(scrambled):
     # A NaN in the final norm: every hidden state is NaN, greedy says -1, one error line.
     scale = scrambled.params["final_norm.scale.value"]
     broken = _with_params(scrambled, **{"final_norm.scale.value": scale * jnp.nan})
-    with pytest.raises(UserError, match="hidden state is not finite"):
+    with pytest.raises(UserError, match="hidden state or its logits are not finite"):
         Engine(broken).generate(PROMPTS[:1], head=300, max_new_tokens=4)
+    # A NaN in one row of the unembedding: a finite state, but that token's logit is NaN in
+    # every row; the pick says -1 (it used to pick the NaN's id), so the same error.
+    poisoned = _with_params(scrambled, **{"unembed.value": w.at[200].set(jnp.nan)})
+    with pytest.raises(UserError, match="hidden state or its logits are not finite"):
+        Engine(poisoned).generate(PROMPTS[:1], head=300, max_new_tokens=4)
 
 
 @pytest.mark.slow

@@ -418,6 +418,49 @@ class Base:
         assert drawn[1] == -1 and (drawn[[0, 2]] >= 0).all()
         assert np.isnan(loss[1]) and np.isfinite(loss[[0, 2]]).all()
 
+    def test_non_finite_weights(self):
+        """A finite h with an infinity in w: logits of inf * 0 = NaN (their rows get -1 and NaN,
+        the same in every implementation and tiling), of +inf (the token wins, logsumexp is
+        +inf) and of -inf (the token never wins). 16 rows: XLA's CPU max reduction drops NaN
+        from eight rows on. The poisoned token sits past the first tiles, V = 4096 takes the
+        CPU's blocked argmax and the NaNs are x86's default NaN, whose sign bit is set."""
+        h, w, _ = data("f32", 16)
+        sign = np.tile([0.0, 1.0, -1.0], 6)[:16]  # NaN, +inf, -inf logits by row
+        h = h.at[:, 5].set(jnp.asarray(sign, h.dtype))
+        w = w[:4096].at[3000, 5].set(jnp.inf)
+        logits = f64(h) @ f64(w).T
+        nan, pos, neg = sign == 0, sign > 0, sign < 0
+        assert np.isnan(logits[nan, 3000]).all() and (logits[pos, 3000] == np.inf).all()
+        want = np.argmax(np.where(np.isnan(logits), -np.inf, logits), axis=1)
+        finite = np.where(np.isfinite(logits), logits, -np.inf)
+        want_lse = np.log(np.exp(finite - finite.max(1, keepdims=True)).sum(1)) + finite.max(1)
+        for blocks in self.BLOCKS:
+            kw = self.kw(blocks)
+
+            @jax.jit
+            def everything(h, w, kw=kw):
+                return (
+                    unembed.greedy(h, w, **kw),
+                    unembed.logsumexp(h, w, **kw),
+                    *unembed.top_k(h, w, 3, **kw),
+                    unembed.sample(h, w, jax.random.key(0), **kw),
+                    unembed.sample(h, w, jax.random.key(0), top_k=5, **kw),
+                )
+
+            ids, lse, vals, top, drawn, drawn_k = map(np.asarray, everything(h, w))
+            what = f"{self.IMPL} {blocks}"
+            np.testing.assert_array_equal(ids[nan], -1, err_msg=what)
+            np.testing.assert_array_equal(ids[~nan], want[~nan], err_msg=what)
+            assert (ids[pos] == 3000).all() and np.isnan(lse[nan]).all(), what
+            assert (lse[pos] == np.inf).all(), what
+            assert_close(lse[neg], want_lse[neg], dtype=np.float32, scale=20.0, what=what)
+            assert (top[nan] == -1).all() and np.isnan(vals[nan]).all(), what
+            assert (top[pos, 0] == 3000).all() and (vals[pos, 0] == np.inf).all(), what
+            np.testing.assert_array_equal(top[neg, 0], want[neg], err_msg=what)
+            for picked in (drawn, drawn_k):
+                assert (picked[nan] == -1).all() and (picked[pos] == 3000).all(), what
+                assert ((picked[neg] >= 0) & (picked[neg] != 3000)).all(), what
+
 
 class TestXla(Base):
     IMPL = "xla"

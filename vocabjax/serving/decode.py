@@ -56,7 +56,7 @@ from vocabjax import unembed
 from vocabjax.errors import UserError
 from vocabjax.models import GPT, head_loss
 from vocabjax.train import IGNORE, Functional
-from vocabjax.unembed.argmax import argmax
+from vocabjax.unembed.argmax import max_argmax
 from vocabjax.unembed.chunked import tile_logits
 
 Stop = Literal["eos", "max_new_tokens", "max_seq"]
@@ -173,7 +173,8 @@ def pick_masked(
     ``W[:config.head]``, ids at or above a row's ``vocab_b`` masked out, then the argmax, or
     the Gumbel-max sample (within the top k) with the noise of ``unembed.sample``. This is
     ``unembed``'s xla path with a per-row vocabulary mask: the same matmul and, on each row's
-    prefix, the same scores, so a row gets the token its own head's xla pick gives it."""
+    prefix, the same scores, so a row gets the token its own head's xla pick gives it (-1
+    where its prefix's logits hold a NaN)."""
     w_vd = model.head(config.head)
     s = config.sampling
     bad_b = ~jnp.all(jnp.isfinite(h_bd.astype(jnp.float32)), axis=-1)
@@ -181,7 +182,8 @@ def pick_masked(
     if s.greedy:
         logits_bv = tile_logits(h_bd, w_vd)
         logits_bv = jnp.where(ids_v[None, :] < vocab_b[:, None], logits_bv, -jnp.inf)
-        return jnp.where(bad_b, jnp.int32(-1), argmax(logits_bv))
+        best_b, tokens_b = max_argmax(logits_bv)
+        return jnp.where(bad_b | jnp.isnan(best_b), jnp.int32(-1), tokens_b)
     inv_t = 1.0 / jnp.asarray(float(s.temperature), jnp.float32)
     row = jnp.zeros((), jnp.int32)  # ``pick`` samples each row alone, as row 0 of its call
 
@@ -189,10 +191,11 @@ def pick_masked(
         seeds = noise.seeds_from_key(jax.random.fold_in(key, j))
         logits_v = jnp.where(ids_v < vocab, tile_logits(h_d[None], w_vd)[0], -jnp.inf)
         if s.top_k is None:
-            return argmax(logits_v * inv_t + noise.gumbel(seeds, row, ids_v))
+            best, token = max_argmax(logits_v * inv_t + noise.gumbel(seeds, row, ids_v))
+            return jnp.where(jnp.isnan(best), jnp.int32(-1), token)
         vals_k, ids_k = lax.top_k(logits_v, s.top_k)
         best = jnp.argmax(vals_k * inv_t + noise.gumbel(seeds, row, ids_k))
-        return ids_k[best].astype(jnp.int32)
+        return jnp.where(jnp.isnan(logits_v).any(), jnp.int32(-1), ids_k[best].astype(jnp.int32))
 
     tokens_b = jax.vmap(one)(h_bd, keys_b, j_b, vocab_b)
     return jnp.where(bad_b, jnp.int32(-1), tokens_b)

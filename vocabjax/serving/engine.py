@@ -269,11 +269,11 @@ def _pack(
 
 
 def check_finite(stop_b: np.ndarray) -> None:
-    """One UserError when a row stopped on a non-finite hidden state."""
+    """One UserError when a row stopped on a non-finite hidden state or a NaN logit."""
     if np.any(stop_b == STOP_CODES["nonfinite"]):
         raise UserError(
-            "the model's hidden state is not finite (NaN or inf): the checkpoint's "
-            "parameters may be corrupt"
+            "the model's hidden state or its logits are not finite (NaN or inf): the "
+            "checkpoint's parameters may be corrupt"
         )
 
 

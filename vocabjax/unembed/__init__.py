@@ -32,7 +32,10 @@ Bad input, and what happens (all tested):
 - A label outside [0, V) that is not ``ignore_index``: ``UserError`` when the labels are concrete;
   under ``jit`` that token's loss is NaN (so the mean is NaN), never a silently wrong number.
 - A row of ``h`` holding a NaN or an infinity: its token id is -1 (greedy, sample, top-k ids),
-  its values are NaN. A traced temperature <= 0 gives -1 for every row.
+  its values are NaN. So is a finite row whose logits hold a NaN (a NaN in ``w``, or an
+  infinity in ``w`` times a zero in ``h``), the same in every implementation; a logit of +inf
+  (no NaN) is picked, and its row's logsumexp is +inf. A traced temperature <= 0 gives -1 for
+  every row.
 
 All ops work under ``jit``, ``vmap`` (any leading axes the caller adds; ``sample`` keys its
 noise by the row index within one call, so vmapped calls should get their own keys) and, for

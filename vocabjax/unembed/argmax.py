@@ -30,6 +30,15 @@ def argmax(x: jax.Array) -> jax.Array:
     return _argmax(lax.stop_gradient(x))
 
 
+def max_argmax(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(the largest entry, its index) along the last axis, as ``argmax`` picks it: the value
+    is NaN exactly where the row holds a NaN (XLA's CPU ``jnp.max`` of eight or more rows
+    drops NaN, so it is read at the picked index instead of reduced again). The token picks
+    give -1 where it is NaN."""
+    i = argmax(x)
+    return jnp.take_along_axis(x, i[..., None], axis=-1)[..., 0], i
+
+
 @custom_vmap
 def _argmax(x: jax.Array) -> jax.Array:
     return lax.platform_dependent(x, cpu=blocked_argmax, default=plain_argmax)

@@ -24,7 +24,7 @@ from pallas_kernels import noise
 from pallas_kernels._common import dlogits, next_pow2
 from vocabjax.errors import UserError
 from vocabjax.hardware import BYTES_PER_ELEMENT
-from vocabjax.unembed.argmax import argmax
+from vocabjax.unembed.argmax import max_argmax
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,10 +219,17 @@ def concat_tiles(parts: list[jax.Array], width: int) -> jax.Array:
 
 
 class Stats(NamedTuple):
-    max_b: jax.Array  # float32, the largest logit
-    argmax_b: jax.Array  # int32, lowest index among the largest
-    lse_b: jax.Array  # float32, logsumexp of the raw logits
+    max_b: jax.Array  # float32, the largest logit; NaN where a logit is NaN
+    argmax_b: jax.Array  # int32, lowest index among the largest (the first NaN, as jnp.argmax)
+    lse_b: jax.Array  # float32, logsumexp of the raw logits (+inf where a logit is +inf)
     sample_b: jax.Array  # int32, argmax of logits * inv_temperature + Gumbel noise
+    nan_b: jax.Array  # bool, the row's logits hold a NaN (its picks become -1)
+
+
+def lse_of(m_b: jax.Array, lse_b: jax.Array) -> jax.Array:
+    """An online logsumexp's result given the row's true max: +inf where the max is +inf (the
+    running sums then hold inf - inf), NaN where it is NaN."""
+    return jnp.where(m_b == jnp.inf, jnp.inf, jnp.where(jnp.isnan(m_b), jnp.nan, lse_b))
 
 
 def decode(
@@ -241,46 +248,53 @@ def decode(
     init = (neg, zero_i, neg, jnp.zeros((batch,), jnp.float32), neg, zero_i)
 
     def merge_max(best, best_id, tile, start):
-        t_max = jnp.max(tile, axis=1)
-        t_id = argmax(tile) + start
-        better = t_max > best  # strict: earlier tiles (lower ids) win ties
-        return jnp.where(better, t_max, best), jnp.where(better, t_id, best_id)
+        """The running (max, argmax) with a tile's: a later tile wins only with a larger value
+        (so ties go to lower ids) or with the row's first NaN."""
+        t_max, t_id = max_argmax(tile)
+        better = (t_max > best) | (jnp.isnan(t_max) & ~jnp.isnan(best))
+        return jnp.where(better, t_max, best), jnp.where(better, t_id + start, best_id), t_max
 
     def step(carry, w_tile, start):
         m, am, lm, ls, sm, sid = carry
         logits = tile_logits(h_bd, w_tile)
-        m, am = merge_max(m, am, logits, start)
+        m, am, t_max = merge_max(m, am, logits, start)
         if want_lse:
-            new = jnp.maximum(lm, jnp.max(logits, axis=1))
+            new = jnp.maximum(lm, t_max)
             ls = ls * jnp.exp(lm - new) + jnp.sum(jnp.exp(logits - new[:, None]), axis=1)
             lm = new
         if seeds is not None:
             tok = start + jnp.arange(w_tile.shape[0], dtype=jnp.int32)[None, :]
             scores = logits * inv_temperature + noise.gumbel(seeds, rows, tok)
-            sm, sid = merge_max(sm, sid, scores, start)
+            sm, sid, _ = merge_max(sm, sid, scores, start)
         return (m, am, lm, ls, sm, sid), None
 
     (m, am, lm, ls, _, sid), _ = scan_tiles(step, init, w_vd, block_v)
-    return Stats(m, am, lm + jnp.log(ls), sid)
+    return Stats(m, am, lse_of(m, lm + jnp.log(ls)), sid, jnp.isnan(m))
 
 
 def top_k(h_bd, w_vd, k: int, block_v: int):
     batch = h_bd.shape[0]
-    init = (jnp.full((batch, k), -jnp.inf, jnp.float32), jnp.zeros((batch, k), jnp.int32))
+    init = (
+        jnp.full((batch, k), -jnp.inf, jnp.float32),
+        jnp.zeros((batch, k), jnp.int32),
+        jnp.zeros((batch,), bool),
+    )
 
     def step(carry, w_tile, start):
-        vals, ids = carry
+        vals, ids, nan_b = carry
         logits = tile_logits(h_bd, w_tile)
+        # Counted apart: where lax.top_k ranks a NaN depends on its sign bit.
+        nan_b = nan_b | jnp.isnan(logits).any(axis=1)
         t_vals, t_ids = lax.top_k(logits, min(k, w_tile.shape[0]))
         # Running entries first: lax.top_k keeps the lower position first on ties, and every
         # running id is below this tile's ids, so ties resolve to the lowest id.
         cat_vals = jnp.concatenate([vals, t_vals], axis=1)
         cat_ids = jnp.concatenate([ids, t_ids.astype(jnp.int32) + start], axis=1)
         new_vals, pos = lax.top_k(cat_vals, k)
-        return (new_vals, jnp.take_along_axis(cat_ids, pos, axis=1)), None
+        return (new_vals, jnp.take_along_axis(cat_ids, pos, axis=1), nan_b), None
 
-    (vals, ids), _ = scan_tiles(step, init, w_vd, block_v)
-    return vals, ids
+    (vals, ids, nan_b), _ = scan_tiles(step, init, w_vd, block_v)
+    return vals, ids, nan_b
 
 
 # --------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from pallas_kernels import noise
 from pallas_kernels._common import pad_rows
 from vocabjax.errors import UserError
 from vocabjax.unembed import chunked, pallas, vjp
-from vocabjax.unembed.argmax import argmax
+from vocabjax.unembed.argmax import max_argmax
 from vocabjax.unembed.chunked import ChunkBlocks
 from vocabjax.unembed.selector import IMPLS, Impl, dtype_name, select
 
@@ -123,18 +123,16 @@ def _xla_decode(
     h_bd: jax.Array, w_vd: jax.Array, seeds: jax.Array | None, inv_temperature: jax.Array
 ) -> chunked.Stats:
     logits = chunked.tile_logits(h_bd, w_vd)
+    max_b, argmax_b = max_argmax(logits)
     sample_b = jnp.zeros((h_bd.shape[0],), jnp.int32)
+    nan_b = jnp.isnan(max_b)
     if seeds is not None:
         rows = jnp.arange(h_bd.shape[0], dtype=jnp.int32)[:, None]
         tok = jnp.arange(w_vd.shape[0], dtype=jnp.int32)[None, :]
         scores = logits * inv_temperature + noise.gumbel(seeds, rows, tok)
-        sample_b = argmax(scores)
-    return chunked.Stats(
-        jnp.max(logits, axis=1),
-        argmax(logits),
-        jax.nn.logsumexp(logits, axis=1),
-        sample_b,
-    )
+        best_b, sample_b = max_argmax(scores)
+        nan_b = jnp.isnan(best_b)  # a NaN logit's score is NaN: no pass over the logits
+    return chunked.Stats(max_b, argmax_b, jax.nn.logsumexp(logits, axis=1), sample_b, nan_b)
 
 
 def _decode(
@@ -175,7 +173,7 @@ def _decode(
         blocks=kblocks,
         interpret=_interpret(interpret),
     )
-    return chunked.Stats(out.max_b, out.argmax_b, out.lse_b, out.sample_b)
+    return chunked.Stats(out.max_b, out.argmax_b, out.lse_b, out.sample_b, jnp.isnan(out.max_b))
 
 
 def greedy(
@@ -187,9 +185,10 @@ def greedy(
     interpret: bool | None = None,
 ) -> jax.Array:
     """The argmax token of ``h_bd @ w_vd.T`` per row, int32 (B,); lowest id on ties, -1 for a
-    row of ``h`` with a NaN or infinity. ``blocks``: ChunkBlocks / Pallas blocks / dict."""
+    row of ``h`` with a NaN or infinity and for a row whose logits hold a NaN (a NaN or
+    infinity in ``w``). ``blocks``: ChunkBlocks / Pallas blocks / dict."""
     stats = _decode("greedy", h_bd, w_vd, impl=impl, blocks=blocks, interpret=interpret)
-    return jnp.where(_bad_rows(h_bd), jnp.int32(-1), stats.argmax_b)
+    return jnp.where(_bad_rows(h_bd) | stats.nan_b, jnp.int32(-1), stats.argmax_b)
 
 
 def logsumexp(
@@ -200,7 +199,8 @@ def logsumexp(
     blocks: Any = None,
     interpret: bool | None = None,
 ) -> jax.Array:
-    """``log(sum_v exp(h . w_v))`` per row, float32 (B,); NaN for a row with a NaN."""
+    """``log(sum_v exp(h . w_v))`` per row, float32 (B,); NaN for a row of ``h`` with a NaN or
+    infinity and for a row whose logits hold a NaN, +inf where a logit is +inf."""
     stats = _decode(
         "logsumexp", h_bd, w_vd, impl=impl, blocks=blocks, interpret=interpret, want_lse=True
     )
@@ -223,18 +223,20 @@ def sample(
 
     The noise of (row, token id) is ``pallas_kernels.noise.gumbel(seeds_from_key(key), row, id)``
     for every implementation and tiling, so the same key gives the same token whatever ``impl``
-    and ``blocks`` are. -1 for rows of ``h`` with a NaN, and for all rows when a traced
-    temperature is <= 0 (a concrete one raises ``UserError``).
+    and ``blocks`` are. -1 for rows of ``h`` with a NaN or infinity and for rows whose logits
+    hold a NaN, and for all rows when a traced temperature is <= 0 (a concrete one raises
+    ``UserError``).
     """
     inv_t = 1.0 / _check_temperature(temperature)
     seeds = noise.seeds_from_key(key)
     bad = _bad_rows(h_bd) | ~(inv_t > 0) | ~jnp.isfinite(inv_t)
     if top_k is not None:
-        vals, ids = _top_k(h_bd, w_vd, top_k, impl=impl, blocks=blocks, interpret=interpret)
+        vals, ids, nan_b = _top_k(h_bd, w_vd, top_k, impl=impl, blocks=blocks, interpret=interpret)
         rows = jnp.arange(ids.shape[0], dtype=jnp.int32)[:, None]
         scores = vals * inv_t + noise.gumbel(seeds, rows, ids)
         pick = jnp.argmax(scores, axis=1)
         token = jnp.take_along_axis(ids, pick[:, None], axis=1)[:, 0]
+        bad = bad | nan_b
     else:
         stats = _decode(
             "sample",
@@ -247,6 +249,7 @@ def sample(
             inv_temperature=inv_t,
         )
         token = stats.sample_b
+        bad = bad | stats.nan_b
     return jnp.where(bad, jnp.int32(-1), token)
 
 
@@ -260,9 +263,10 @@ def top_k(
     interpret: bool | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """The ``k`` largest logits per row, descending, and their ids (lower id first on ties):
-    (float32 (B, k), int32 (B, k)). Rows of ``h`` with a NaN give NaN values and ids -1."""
-    vals, ids = _top_k(h_bd, w_vd, k, impl=impl, blocks=blocks, interpret=interpret)
-    bad = _bad_rows(h_bd)[:, None]
+    (float32 (B, k), int32 (B, k)). Rows of ``h`` with a NaN or infinity, and rows whose
+    logits hold a NaN, give NaN values and ids -1."""
+    vals, ids, nan_b = _top_k(h_bd, w_vd, k, impl=impl, blocks=blocks, interpret=interpret)
+    bad = (_bad_rows(h_bd) | nan_b)[:, None]
     return jnp.where(bad, jnp.float32(jnp.nan), vals), jnp.where(bad, jnp.int32(-1), ids)
 
 
@@ -276,8 +280,9 @@ def _top_k(h_bd, w_vd, k, *, impl, blocks, interpret):
     k = int(k)
     impl, blocks = _resolve("top_k", impl, h_bd, w_vd, blocks)
     if impl == "xla":
-        vals, ids = lax.top_k(chunked.tile_logits(h_bd, w_vd), k)
-        return vals, ids.astype(jnp.int32)
+        logits = chunked.tile_logits(h_bd, w_vd)
+        vals, ids = lax.top_k(logits, k)
+        return vals, ids.astype(jnp.int32), jnp.isnan(logits).any(axis=1)
     if impl == "chunked":
         cb = _chunk_blocks(blocks, h_bd, w_vd)
         return _on_padded_rows(lambda h: chunked.top_k(h, w_vd, k, cb.block_v), h_bd, cb.min_rows)
@@ -286,7 +291,7 @@ def _top_k(h_bd, w_vd, k, *, impl, blocks, interpret):
     if isinstance(blocks, Mapping):
         kblocks = pallas.tiles(mod.TopKBlocks, blocks) if blocks else None
     vals, ids = mod.fused_topk(h_bd, w_vd, k, blocks=kblocks, interpret=_interpret(interpret))
-    return vals, ids.astype(jnp.int32)
+    return vals, ids.astype(jnp.int32), jnp.isnan(vals[:, 0])  # the kernel ranks NaN first
 
 
 # --------------------------------------------------------------------------------------------
