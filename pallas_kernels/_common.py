@@ -41,6 +41,9 @@ class DecodeStats(NamedTuple):
     sample_b: int32, a Gumbel-max sample: the argmax over tokens of
               ``logits * inv_temperature + gumbel(seeds, row, token)`` (``noise.gumbel``),
               lowest id on ties. -1 for every row when no seeds are given.
+
+    A NaN ranks above everything, as in ``jnp.argmax``: a row whose logits hold one has max
+    NaN, argmax and sample the first NaN's id, lse NaN. A +inf logit (no NaN) gives lse +inf.
     """
 
     max_b: jax.Array

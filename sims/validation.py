@@ -27,7 +27,7 @@ from vocabjax.validation.fit import calibrate
 from vocabjax.validation.grid import FAMILIES, STEP_FAMILIES
 
 DATA = ROOT / "sims" / "data"
-FULL = tuple(f"validation_cpu_full_{i}.json" for i in (6, 7, 8))
+FULL = tuple(f"validation_cpu_full_{i}.json" for i in (6, 7, 8, 9, 10))
 QUICK = tuple(f"validation_cpu_quick_{i}.json" for i in (6, 7, 8, 9, 10))
 FIGURE = "validation_cpu_full.png"
 TARGET = (10.0, 30.0)  # issue 10: median and worst |error| of the held-out steps, percent
