@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from pallas_kernels import noise
-from pallas_kernels._common import dlogits, next_pow2
+from pallas_kernels._common import dlogits, finite_lse, next_pow2, takes_over
 from vocabjax.errors import UserError
 from vocabjax.hardware import BYTES_PER_ELEMENT
 from vocabjax.unembed.argmax import max_argmax
@@ -226,12 +226,6 @@ class Stats(NamedTuple):
     nan_b: jax.Array  # bool, the row's logits hold a NaN (its picks become -1)
 
 
-def lse_of(m_b: jax.Array, lse_b: jax.Array) -> jax.Array:
-    """An online logsumexp's result given the row's true max: +inf where the max is +inf (the
-    running sums then hold inf - inf), NaN where it is NaN."""
-    return jnp.where(m_b == jnp.inf, jnp.inf, jnp.where(jnp.isnan(m_b), jnp.nan, lse_b))
-
-
 def decode(
     h_bd: jax.Array,
     w_vd: jax.Array,
@@ -251,7 +245,7 @@ def decode(
         """The running (max, argmax) with a tile's: a later tile wins only with a larger value
         (so ties go to lower ids) or with the row's first NaN."""
         t_max, t_id = max_argmax(tile)
-        better = (t_max > best) | (jnp.isnan(t_max) & ~jnp.isnan(best))
+        better = takes_over(t_max, best)
         return jnp.where(better, t_max, best), jnp.where(better, t_id + start, best_id), t_max
 
     def step(carry, w_tile, start):
@@ -269,7 +263,7 @@ def decode(
         return (m, am, lm, ls, sm, sid), None
 
     (m, am, lm, ls, _, sid), _ = scan_tiles(step, init, w_vd, block_v)
-    return Stats(m, am, lse_of(m, lm + jnp.log(ls)), sid, jnp.isnan(m))
+    return Stats(m, am, finite_lse(m, lm + jnp.log(ls)), sid, jnp.isnan(m))
 
 
 def top_k(h_bd, w_vd, k: int, block_v: int):
