@@ -83,6 +83,8 @@ def fitted(profile) -> list[str]:
     rows += [f"| {k} efficiency | {profile.kind_efficiency(k):.3g} |" for k in OP_KINDS]
     rows += [
         f"| overlap | {profile.overlap:.3g} |",
+        f"| cache of a decode loop's steps | {profile.cache_bytes / 2**20:.3g} MiB, read in "
+        f"{profile.cached_time:.3g} of the time from memory |",
         f"| launch overhead | {profile.launch_overhead_s * 1e6:.3g} us |",
         f"| dispatch overhead (one host call) | {profile.dispatch_overhead_s * 1e6:.3g} us |",
     ]

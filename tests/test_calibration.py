@@ -100,6 +100,9 @@ def test_the_cost_model_prices_with_the_fitted_tables(fitted):
     cm = CostModel(fit.profile, load_shape("llama-8b"), Settings(steps_per_call=8))
     for b in (16.0, 1.0):  # a GEMM, and matrix-vector products (their one-row table)
         _prices_alike(cm, fit.profile, 32768.0, b, 1024.0)
+    # and a cache that holds a step's bytes (the loop's later steps read them from it)
+    cached = dataclasses.replace(fit.profile, cache_bytes=2.0**40, cached_time=0.25)
+    _prices_alike(CostModel(cached, cm.shape, cm.settings), cached, 32768.0, 1.0, 1024.0)
 
 
 def _prices_alike(cm: CostModel, profile: DeviceProfile, v: float, b: float, t: float) -> None:
@@ -123,6 +126,57 @@ def _prices_alike(cm: CostModel, profile: DeviceProfile, v: float, b: float, t: 
     import jax.numpy as jnp
 
     assert float(cm.decode_step(jnp.float32(v), b, t)) == pytest.approx(ours, rel=1e-5)
+
+
+CACHED = dataclasses.replace(TRUTH, cache_bytes=2.0**23, cached_time=0.3)  # 8 MiB: a CACHE_SIZE
+# memory time worth a cache, at a rate the fit's table can draw
+CPU_LIKE = {"hbm_bandwidth": 50e9, "launch_overhead_s": 1e-6}
+
+
+@pytest.mark.slow
+def test_the_fit_finds_the_decode_loops_cache():
+    """Memory-bound steps of decode loops over working sets of 0.25-256 MiB, and single calls
+    beside them, timed by a profile with an 8 MiB cache: the scan finds its size and the fit
+    its cached time."""
+    rng = np.random.default_rng(1)
+    out = []
+    for i in range(120):
+        nbytes = tuple(float(2 ** rng.uniform(18, 28)) for _ in range(int(rng.integers(1, 3))))
+        flops = tuple(y * float(rng.uniform(0.1, 2.0)) for y in nbytes)
+        calls = 0.125 if i % 3 else 1.0
+        out.append(Sample(f"c{i}", "decode", flops, nbytes, 10.0, 1.0, calls=calls))
+    truth = dataclasses.replace(CACHED, memory_table=None, memory_efficiency=0.5, **CPU_LIKE)
+    times = predict_samples(truth, out, dtype="bf16")
+    samples = [dataclasses.replace(s, measured_s=float(t)) for s, t in zip(out, times)]
+    fit = fit_profile(
+        dataclasses.replace(BASE, **CPU_LIKE), samples, dtype="bf16", source="synthetic"
+    )
+    assert 2.0**22.5 <= fit.profile.cache_bytes <= 2.0**23.5  # a step of the scan either way
+    assert fit.profile.cached_time == pytest.approx(0.3, rel=0.2)
+    assert fit.log_residual_sd < 0.05
+
+
+def test_a_decode_loop_reads_what_fits_the_cache_faster():
+    """A step after the first of a call reads the bytes that fit the cache at cached_time of
+    their memory time; without a cache (datasheet profiles) nothing changes."""
+    shape = load_shape("tiny")
+    cached = dataclasses.replace(CACHED, cache_bytes=2.0**28)  # 256 MiB
+    small, large = 1024.0, 2.0**24  # V: 0.5 MiB of f32 head weights, and 8 GiB
+    f32 = Settings(weight_dtype="f32", kv_dtype="f32", act_dtype="f32")
+
+    def memory_time(device, steps, vocab):
+        cm = CostModel(device, shape, dataclasses.replace(f32, steps_per_call=steps))
+        return sum(t.t_mem for t in cm.decode_times(vocab, 1.0, 64.0, xp=PyMath).values())
+
+    for vocab in (small, large):  # no cache: one memory time however many steps a call runs
+        assert memory_time(BASE, 8, vocab) == pytest.approx(memory_time(BASE, 1, vocab), rel=1e-12)
+    # a call of one step starts cold; of 8, seven steps find a small step's bytes in cache
+    assert memory_time(cached, 1, small) == pytest.approx(memory_time(TRUTH, 1, small), rel=1e-12)
+    expected = 1.0 / 8 + 7.0 / 8 * 0.3  # a small step's bytes all fit
+    ratio = memory_time(cached, 8, small) / memory_time(cached, 1, small)
+    assert ratio == pytest.approx(expected, rel=1e-3)
+    ratio = memory_time(cached, 8, large) / memory_time(cached, 1, large)
+    assert ratio == pytest.approx(1.0, rel=1e-3)  # a large one's do not
 
 
 @pytest.mark.slow
@@ -190,6 +244,24 @@ def test_bad_tables_are_one_error(table, message):
     data["efficiency"]["memory_by_bytes"] = table
     with pytest.raises(UserError, match=message):
         DeviceProfile.from_json(data, where="p.json")
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("cache_bytes", -1.0, "cache_bytes must be >= 0"),
+        ("cache_bytes", float("nan"), "cache_bytes"),
+        ("cached_time", 0.0, "cached_time must be > 0"),
+        ("cached_time", 1.5, r"cached_time must be in \(0, 1\]"),
+    ],
+)
+def test_a_bad_cache_is_one_error(field, value, message):
+    data = CACHED.to_json()
+    assert data["efficiency"]["cache_bytes"] == 2.0**23  # written where there is one
+    data["efficiency"][field] = value
+    with pytest.raises(UserError, match=message):
+        DeviceProfile.from_json(data, where="p.json")
+    assert "cache_bytes" not in BASE.to_json()["efficiency"]  # none: nothing written
 
 
 def test_the_builtin_calibrated_gpu_profiles():

@@ -22,6 +22,13 @@ twice as fast as a 512-byte one, benchmarks/xla_cpu_dot.py). Beside the tables i
 - ``l``, the launch overhead per kernel;
 - ``c``, the host cost of one call (``dispatch_overhead_s``): a point charged ``k`` calls pays
   ``k c``, a decode step of a loop of ``n`` steps per call ``c / n``;
+- the cache of a decode loop's steps (``DeviceProfile.cache_bytes``, ``cached_time``): a step
+  after the first of a call re-reads the bytes the step before read, and where they fit the
+  cache (``hardware.loop_memory_factor``: a logistic in the log of the step's bytes about
+  ``cache_bytes``) they cost ``cached_time`` of their time from memory. ``cached_time`` is
+  fitted; ``cache_bytes`` is picked from ``CACHE_SIZES`` by the fit's loss, one fit per size
+  (vmapped: the loss has no useful gradient in the size far from it). Only samples charged a
+  share of a host call (``0 < calls < 1``: a step of an on-device loop) carry it;
 - one scale of both rates per op kind (``hardware.OP_KINDS``): attention (a batched
   matrix-vector product with a mask and a softmax, which the GEMM tables do not describe), the
   forward and backward of a training step, elementwise kernels (norms, activations,
@@ -62,6 +69,7 @@ from vocabjax.hardware import (
     DeviceProfile,
     EfficiencyTable,
     fractions,
+    loop_memory_factor,
 )
 
 KNOTS = 4  # per table
@@ -71,7 +79,8 @@ FIT_TABLES: tuple[str, ...] = ("intensity_table", "memory_table")
 # and, where the samples hold matrix-vector products (Op.row_bytes > 0), e_m of those by the
 # bytes of one weight row (XLA's CPU emitter streams long rows faster than short ones)
 ONE_ROW_TABLE = "row_table"
-N_PARAMS = (len(FIT_TABLES) + 1) * KNOTS + 3 + len(OP_KINDS)  # + launch, dispatch, overlap, kinds
+# + launch, dispatch, overlap, the cache's cached time, kinds
+N_PARAMS = (len(FIT_TABLES) + 1) * KNOTS + 4 + len(OP_KINDS)
 MIN_FIT_SAMPLES = N_PARAMS + 4  # so the fit is overdetermined
 HELD_OUT = 1 / 3
 SMOOTHNESS = 1e-2  # weight of the squared log-efficiency differences between neighbour knots
@@ -81,6 +90,10 @@ LEARNING_RATE = 0.05
 MIN_LAUNCH_S = 1e-9  # floor of the fitted launch and dispatch overheads
 START_DISPATCH_S = 1e-5  # where the dispatch fit starts when the profile has none
 OVERLAP_EDGE = 0.02  # the fit of the overlap starts inside (0, 1), where its gradient lives
+# the cache sizes a decode loop's fit tries: 2 to 64 MiB in steps of sqrt(2) (a CPU's last-level
+# cache, of which a step's weights and cache compete with everything else the process touches)
+CACHE_SIZES = tuple(2.0 ** (20 + i / 2) for i in range(2, 13))
+START_CACHED_TIME = 0.5  # where the fit of the cached time starts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,8 +112,13 @@ class Sample:
     calls: float = 0.0  # host calls charged (a decode step: 1 / steps per call; kernels: 0)
     kinds: tuple[str, ...] = ()  # per op (Op.kind): "attention" and "train" get their own scale
     row_bytes: tuple[float, ...] = ()  # per op (Op.row_bytes): > 0 for a matrix-vector product
+    # the bytes one step reads (the cache's working set; by default its ops' bytes, where a
+    # sample leaves out ops priced by a kernel table the step still reads)
+    working_bytes: float | None = None
 
     def __post_init__(self) -> None:
+        if self.working_bytes is None:
+            object.__setattr__(self, "working_bytes", float(sum(self.nbytes)))
         if len(self.flops) != len(self.nbytes):
             raise ValueError("flops and nbytes need one entry per op")
         if not self.kernels:
@@ -160,11 +178,19 @@ class _Ops(NamedTuple):
     calls: np.ndarray
     fixed: np.ndarray
     row_bytes: np.ndarray
+    working: np.ndarray  # per sample: the bytes one step reads
 
     @property
     def intensity(self) -> np.ndarray:
         """FLOP per byte of each op, as ``CostModel.op_time`` reads it."""
         return self.flops / np.maximum(self.nbytes, 1.0)
+
+    def warm(self, xp):
+        """Per sample, the share of its steps that follow a step of the same call: ``1 -
+        calls`` for a step of an on-device loop (``0 < calls < 1``), else 0 (as
+        ``CostModel.decode_times`` reads ``steps_per_call``)."""
+        loop = (self.calls > 0) & (self.calls < 1)
+        return xp.where(loop, 1.0 - self.calls, 0.0)
 
 
 def _pad(samples: Sequence[Sample]) -> _Ops:
@@ -185,6 +211,7 @@ def _pad(samples: Sequence[Sample]) -> _Ops:
         *(np.array([getattr(s, f) for s in samples], float) for f in ("launches", "calls",
                                                                         "fixed_s")),
         row_bytes,
+        np.array([s.working_bytes for s in samples], float),
     )  # fmt: skip
 
 
@@ -199,19 +226,24 @@ class _Trial:
     compute_efficiency: float = 1.0
     memory_efficiency: float = 1.0
     overlap: Any = 1.0
+    cache_bytes: Any = 0.0
+    cached_time: Any = 1.0
 
 
 def price(tables, kind_scale, launch_s, dispatch_s, ops: _Ops, *, peak, bandwidth, xp):
     """Seconds of each sample, as ``CostModel.op_time`` prices each op: ``max(F / (P e_c),
     Y / (BW e_m))`` over its kind's scale (``kind_scale[kinds]``), e_c and e_m read at one
-    kernel's size from ``tables`` (``hardware.fractions``); plus its launches, host calls and
-    fixed time."""
+    kernel's size from ``tables`` (``hardware.fractions``), the memory time of a decode loop's
+    step scaled by the cache (``hardware.loop_memory_factor``); plus its launches, host calls
+    and fixed time."""
     a = jax.tree.map(xp.asarray, ops) if xp is jnp else ops
     intensity = a.flops / xp.maximum(a.nbytes, 1.0)
     e_c, e_m = fractions(
         tables, a.flops / a.kernels, intensity, a.nbytes / a.kernels, xp=xp, row_bytes=a.row_bytes
     )
-    t_math, t_mem = a.flops / (peak * e_c), a.nbytes / (bandwidth * e_m)
+    cached = loop_memory_factor(tables, a.working, a.warm(xp), xp=xp)
+    t_math = a.flops / (peak * e_c)
+    t_mem = a.nbytes / (bandwidth * e_m) * xp.asarray(cached)[..., None]
     t_ops = op_seconds(t_math, t_mem, tables.overlap, xp=xp) / xp.asarray(kind_scale)[a.kinds]
     return t_ops.sum(axis=1) + a.launches * launch_s + a.calls * dispatch_s + a.fixed
 
@@ -229,7 +261,10 @@ def fit_profile(
     after. Raises UserError when the fit split is smaller than ``MIN_FIT_SAMPLES``."""
     fit, held = _split(samples)
     problem = _Problem.of(device, fit, dtype)
-    params = jax.device_get(_minimize(problem.loss, _start(device, problem.tables)))
+    sizes = CACHE_SIZES if problem.fits_cache else (device.cache_bytes or CACHE_SIZES[0],)
+    fits = jax.device_get(_minimize(problem.loss, [_start(device, problem.tables, c)
+                                                   for c in sizes]))  # fmt: skip
+    params = min(fits, key=lambda p: float(problem.loss(p)))
     if not all(np.all(np.isfinite(v)) for v in params.values()):
         raise UserError("the fit did not converge (a parameter is not finite)")
     sd = problem.residual_sd(params)
@@ -269,6 +304,7 @@ class _Problem:
     peak: float
     bandwidth: float
     fits_dispatch: bool  # some sample is charged a host call
+    fits_cache: bool  # some sample is a step of an on-device loop (it reads what fits the cache)
     fitted_kinds: tuple[str, ...]  # the op kinds some sample holds
     tables: tuple[str, ...]  # the tables fitted: FIT_TABLES, and the one-row table if any
 
@@ -291,6 +327,7 @@ class _Problem:
             peak=device.flops(dtype),
             bandwidth=device.hbm_bandwidth,
             fits_dispatch=bool(np.any(ops.calls > 0)),
+            fits_cache=bool(np.any((ops.warm(np) > 0) & (ops.working > 0))),
             fitted_kinds=tuple(
                 k for i, k in enumerate(OP_KINDS, 1) if np.any((ops.kinds == i) & works)
             ),
@@ -301,7 +338,12 @@ class _Problem:
         trial = _Trial(
             **{f: EfficiencyTable(self.knots[f], jnp.exp(params[f])) for f in self.tables},
             overlap=jax.nn.sigmoid(params["overlap"]),
-        )
+            **(
+                {"cache_bytes": jnp.exp(params["cache"]),
+                 "cached_time": jax.nn.sigmoid(params["cached"])}
+                if self.fits_cache else {}
+            ),
+        )  # fmt: skip
         scales = jnp.concatenate([jnp.ones(1), jnp.exp(params["kinds"])])
         launch, dispatch = jnp.exp(params["launch"]), jnp.exp(params["dispatch"])
         return price(trial, scales, launch, dispatch, self.ops, peak=self.peak,
@@ -328,6 +370,11 @@ class _Problem:
             for k, u in zip(OP_KINDS, params["kinds"], strict=True)
         }  # fmt: skip
         refitted = ["launch overhead"] + ["dispatch overhead"] * self.fits_dispatch
+        refitted += ["the cache's size and cached time"] * self.fits_cache
+        cache = {"cache_bytes": device.cache_bytes, "cached_time": device.cached_time}
+        if self.fits_cache:
+            cache = {"cache_bytes": float(np.exp(params["cache"])),
+                     "cached_time": float(jax.nn.sigmoid(params["cached"]))}  # fmt: skip
         refitted += [f"{k} efficiency" for k in self.fitted_kinds]
         base = {"base_launch_overhead_s": device.launch_overhead_s}
         if self.fits_dispatch:
@@ -343,6 +390,7 @@ class _Problem:
             **scales,
             **{f: _table(self.knots[f], params[f]) for f in self.tables},
             overlap=float(jax.nn.sigmoid(params["overlap"])),
+            **cache,
             launch_overhead_s=float(np.exp(params["launch"])),
             dispatch_overhead_s=float(np.exp(params["dispatch"]))
             if self.fits_dispatch
@@ -357,8 +405,9 @@ class _Problem:
         )
 
 
-def _start(device: DeviceProfile, tables: Sequence[str]) -> dict[str, Any]:
-    """The fit's first guess: the profile's own scalars and overheads."""
+def _start(device: DeviceProfile, tables: Sequence[str], cache_bytes: float) -> dict[str, Any]:
+    """The fit's first guess: the profile's own scalars and overheads, and a cache of
+    ``cache_bytes`` (held there: ``FROZEN``) at ``START_CACHED_TIME``."""
     first = {
         "compute_table": 0.0,
         "intensity_table": math.log(device.compute_efficiency),
@@ -371,6 +420,8 @@ def _start(device: DeviceProfile, tables: Sequence[str]) -> dict[str, Any]:
         "dispatch": jnp.float32(math.log(device.dispatch_overhead_s or START_DISPATCH_S)),
         "kinds": jnp.log(jnp.asarray([device.kind_efficiency(k) for k in OP_KINDS], jnp.float32)),
         "overlap": jnp.float32(_logit(device.overlap)),
+        "cache": jnp.float32(math.log(cache_bytes)),
+        "cached": jnp.float32(_logit(START_CACHED_TIME)),
     }
 
 
@@ -379,19 +430,26 @@ def _logit(p: float) -> float:
     return math.log(p / (1.0 - p))
 
 
-def _minimize(loss, start: dict[str, Any]) -> dict[str, Any]:
-    """``STEPS`` Adam steps on ``loss`` from ``start`` in one jitted scan, each parameter kept in
-    its range (log efficiencies up to ``MAX_FITTED_EFFICIENCY``, overheads up to 1 s)."""
+FROZEN = ("cache",)  # parameters the fit holds at their start: the cache's size (a scan, above)
+
+
+def _minimize(loss, starts: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``STEPS`` Adam steps on ``loss`` from each of ``starts`` (one jitted scan, vmapped over
+    the starts), each parameter kept in its range (log efficiencies up to
+    ``MAX_FITTED_EFFICIENCY``, overheads up to 1 s) and the ``FROZEN`` ones where they start."""
     opt = optax.adam(LEARNING_RATE)
     cap = math.log(MAX_FITTED_EFFICIENCY)
-    lows = {"launch": math.log(MIN_LAUNCH_S), "dispatch": math.log(MIN_LAUNCH_S), "overlap": -20.0}
-    highs = {"launch": 0.0, "dispatch": 0.0, "overlap": 20.0}
+    lows = {"launch": math.log(MIN_LAUNCH_S), "dispatch": math.log(MIN_LAUNCH_S), "overlap": -20.0,
+            "cache": 0.0}  # fmt: skip
+    highs = {"launch": 0.0, "dispatch": 0.0, "overlap": 20.0, "cached": 20.0, "cache": 60.0}
 
     @jax.jit
+    @jax.vmap
     def run(params):
         def step(carry, _):
             params, state = carry
             grads = jax.grad(loss)(params)
+            grads = {k: jnp.zeros_like(g) if k in FROZEN else g for k, g in grads.items()}
             with jax.numpy_dtype_promotion("standard"):  # optax mixes its int32 step count
                 updates, state = opt.update(grads, state, params)
             params = optax.apply_updates(params, updates)
@@ -402,7 +460,8 @@ def _minimize(loss, start: dict[str, Any]) -> dict[str, Any]:
         (params, _), _ = jax.lax.scan(step, (params, opt.init(params)), None, length=STEPS)
         return params
 
-    return run(start)
+    stacked = run(jax.tree.map(lambda *xs: jnp.stack(xs), *starts))
+    return [jax.tree.map(lambda x, i=i: x[i], stacked) for i in range(len(starts))]
 
 
 def _table(knots: Sequence[float], u: np.ndarray) -> EfficiencyTable:

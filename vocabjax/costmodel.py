@@ -5,9 +5,12 @@ Every op has FLOPs and bytes; its time is the roofline bound
     t_math = flops / (P * e_c),   t_mem = bytes / (BW * e_m),   t = max(t_math, t_mem)
 
 with P, BW, e_c, e_m from the device profile. A step is the sum over its ops plus its kernel
-launches times the launch overhead. The functions take one (V, B, T) point and are written
-against an array namespace ``xp``: ``jax.numpy`` to be vmapped over a grid (lifecycle.py), or
-``PyMath`` to evaluate the very same formulas point by point on Python floats.
+launches times the launch overhead. A decode step's memory time is scaled where its bytes fit
+the profile's cache and the step follows another of the same call
+(``hardware.loop_memory_factor``: a calibrated CPU profile's; 1 for every other). The functions
+take one (V, B, T) point and are written against an array namespace ``xp``: ``jax.numpy`` to be
+vmapped over a grid (lifecycle.py), or ``PyMath`` to evaluate the very same formulas point by
+point on Python floats.
 
 Letters (DESIGN.md): V vocab, D d_model, L layers, F d_ff, H query heads, K kv heads, Dh head
 dim, B batch, T context tokens, beta(V) bytes per token, w bytes per weight, k bytes per KV
@@ -26,7 +29,7 @@ import jax.numpy as jnp
 
 from vocabjax.compression import DEFAULT_CURVE, CompressionCurve
 from vocabjax.errors import UserError
-from vocabjax.hardware import BYTES_PER_ELEMENT, DeviceProfile
+from vocabjax.hardware import BYTES_PER_ELEMENT, DeviceProfile, loop_memory_factor
 from vocabjax.shapes import ModelShape
 from vocabjax.trainprofile import TrainingProfile
 from vocabjax.xp import interp
@@ -364,13 +367,15 @@ class CostModel:
         fraction = self.device.memory_fraction(nbytes, xp=xp, row_bytes=row_bytes)
         return self.device.hbm_bandwidth * fraction
 
-    def op_time(self, op: Op, *, xp=jnp) -> OpTime:
+    def op_time(self, op: Op, *, xp=jnp, memory_factor=1.0) -> OpTime:
+        """The op's roofline time; ``memory_factor`` scales its memory time (a decode loop's
+        cached share, ``hardware.loop_memory_factor``)."""
         scale = self.device.kind_efficiency(op.kind)
         # an op priced by its FLOPs alone has no intensity: 1 byte keeps it past every knot
         intensity = op.flops / xp.maximum(op.bytes, 1.0)
         t_math = op.flops / (self.compute_rate(op.flops / op.kernels, intensity, xp=xp) * scale)
         rate = self.memory_rate(op.bytes / op.kernels, xp=xp, row_bytes=op.row_bytes)
-        t_mem = op.bytes / (rate * scale)
+        t_mem = op.bytes / (rate * scale) * memory_factor
         return OpTime(t_math, t_mem, op_seconds(t_math, t_mem, self.device.overlap, xp=xp))
 
     def _launches(self, n_head_ops: int, calls: float):
@@ -384,10 +389,13 @@ class CostModel:
     def decode_times(self, vocab, batch, context, *, xp=jnp) -> dict[str, OpTime]:
         """Per-op times of one decode step; the measured kernel table replaces the roofline of
         unembedding + sampling when the device profile has one."""
-        times = {
-            name: self.op_time(op, xp=xp)
-            for name, op in self.decode_ops(vocab, batch, context).items()
-        }
+        ops = self.decode_ops(vocab, batch, context)
+        # the steps of a call after its first find what fits the cache there (a profile's
+        # cache_bytes; 1 without one)
+        warm = 1.0 - 1.0 / self.settings.steps_per_call
+        working = sum(op.bytes for op in ops.values())
+        factor = loop_memory_factor(self.device, working, warm, xp=xp)
+        times = {name: self.op_time(op, xp=xp, memory_factor=factor) for name, op in ops.items()}
         if self.measured_unembed is not None:
             t = self.measured_unembed.time(vocab, batch, self.shape.d_model, xp=xp)
             u = times["unembedding"]

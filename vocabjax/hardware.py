@@ -137,6 +137,33 @@ def fractions(tables, flops, intensity, nbytes, *, xp, row_bytes=0.0):
     return e_c, e_m
 
 
+# The width of the cache's edge, in natural log of a step's bytes: a step reads about a third of
+# its bytes from cache at 1.65x the cache's size, two thirds at 1 / 1.65x (cached_share).
+CACHE_EDGE = 0.5
+
+
+def cached_share(working_bytes, cache_bytes, *, xp):
+    """The share of a decode step's bytes that a step after the first of a call finds in a
+    cache of ``cache_bytes`` (a profile's ``cache_bytes``): 1 well under its size, 0 well over
+    it, a logistic in log bytes between (``CACHE_EDGE``)."""
+    z = (xp.log(xp.maximum(working_bytes, 1.0)) - xp.log(cache_bytes)) / CACHE_EDGE
+    return 1.0 / (1.0 + xp.exp(xp.clip(z, -50.0, 50.0)))
+
+
+def loop_memory_factor(tables, working_bytes, warm, *, xp):
+    """The factor on a decode step's memory time from the cache (``tables``: a DeviceProfile or
+    the calibration's trial tables): ``1 - warm * share * (1 - cached_time)``, where ``warm`` is
+    the share of the steps that follow another step of the same call (the on-device loop's
+    steps re-read the same weights and cache; the first of a call starts cold) and ``share``
+    the step's ``working_bytes`` that fit ``cache_bytes`` (``cached_share``). 1 for a profile
+    with no cache (``cache_bytes`` 0: datasheet and GPU profiles)."""
+    size = tables.cache_bytes
+    if isinstance(size, int | float) and size <= 0:
+        return 1.0
+    share = cached_share(working_bytes, size, xp=xp)
+    return 1.0 - warm * share * (1.0 - tables.cached_time)
+
+
 @dataclasses.dataclass(frozen=True)
 class KernelTiming:
     """One measured (or selected) unembedding kernel at one shape."""
@@ -222,6 +249,12 @@ class DeviceProfile:
     # The share of the shorter of an op's compute and memory times that runs under the longer:
     # 1 is the roofline's max(t_math, t_mem) (perfect overlap), 0 runs one after the other.
     overlap: float = 1.0
+    # A decode loop's steps after the first of a call re-read the weights and cache the step
+    # before read: where those bytes fit a cache of ``cache_bytes``, they cost ``cached_time``
+    # of their time from memory (``loop_memory_factor``). Fitted by ``validate --fit`` on a CPU
+    # (its last-level cache); 0: no cache modelled (datasheet and GPU profiles).
+    cache_bytes: float = 0.0
+    cached_time: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.peak_flops:
@@ -244,6 +277,10 @@ class DeviceProfile:
                 raise UserError(f"device {self.name!r} {field} must be <= 1, got {value}")
         if not 0.0 <= self.overlap <= 1.0:
             raise UserError(f"device {self.name!r} overlap must be in [0, 1], got {self.overlap}")
+        positive_number(
+            self.cache_bytes, where=f"device {self.name!r} cache_bytes", allow_zero=True
+        )
+        positive_number(self.cached_time, where=f"device {self.name!r} cached_time", maximum=1.0)
         for field in KIND_FIELDS:
             positive_number(
                 getattr(self, field),
@@ -313,6 +350,11 @@ class DeviceProfile:
                 "compute": self.compute_efficiency,
                 "memory": self.memory_efficiency,
                 "overlap": self.overlap,
+                **(
+                    {"cache_bytes": self.cache_bytes, "cached_time": self.cached_time}
+                    if self.cache_bytes > 0
+                    else {}
+                ),
                 **{kind: self.kind_efficiency(kind) for kind in OP_KINDS},
                 **{
                     key: getattr(self, field).to_json()
@@ -399,6 +441,12 @@ def efficiency_fields(value: Any, *, where: str) -> dict[str, Any]:
     out["overlap"] = positive_number(
         efficiency.get("overlap", 1.0), where=f"{where}.overlap", allow_zero=True, maximum=1.0
     )
+    out["cache_bytes"] = positive_number(
+        efficiency.get("cache_bytes", 0.0), where=f"{where}.cache_bytes", allow_zero=True
+    )
+    out["cached_time"] = positive_number(
+        efficiency.get("cached_time", 1.0), where=f"{where}.cached_time", maximum=1.0
+    )
     for kind in OP_KINDS:
         out[f"{kind}_efficiency"] = positive_number(
             efficiency.get(kind, 1.0), where=f"{where}.{kind}", maximum=MAX_FITTED_EFFICIENCY
@@ -423,7 +471,10 @@ TABLE_FIELDS = {
 # costmodel.Op.kind with a scale field ``{kind}_efficiency``
 OP_KINDS = ("attention", "train", "elementwise", "optimizer", "sampling")
 KIND_FIELDS = tuple(f"{kind}_efficiency" for kind in OP_KINDS)
-EFFICIENCY_FIELDS = ("compute", "memory", "overlap", *OP_KINDS, *TABLE_FIELDS.values())
+EFFICIENCY_FIELDS = (
+    "compute", "memory", "overlap", "cache_bytes", "cached_time", *OP_KINDS,
+    *TABLE_FIELDS.values(),
+)  # fmt: skip
 CEILING_FIELDS = (
     "hbm_bandwidth", "peak_flops", "ridge_point", "launch_overhead_s", "dispatch_overhead_s",
 )  # fmt: skip

@@ -32,6 +32,7 @@ def sample(r: Result) -> Sample:
         kernels=tuple(o.kernels for o in ops),
         kinds=tuple(o.kind for o in ops),
         row_bytes=tuple(o.row_bytes for o in ops),
+        working_bytes=sum(o.bytes or 0.0 for o in r.prediction.ops),  # all a step reads
     )
 
 
