@@ -85,6 +85,9 @@ def fitted(profile) -> list[str]:
         f"| overlap | {profile.overlap:.3g} |",
         f"| cache of a decode loop's steps | {profile.cache_bytes / 2**20:.3g} MiB, read in "
         f"{profile.cached_time:.3g} of the time from memory |",
+        f"| fresh memory (a call's page faults) | {profile.fresh_bandwidth / 1e9:.3g} GB/s, "
+        f"{4096 / profile.fresh_bandwidth * 1e6 if profile.fresh_bandwidth else 0:.3g} us "
+        "a 4 KiB page |",
         f"| launch overhead | {profile.launch_overhead_s * 1e6:.3g} us |",
         f"| dispatch overhead (one host call) | {profile.dispatch_overhead_s * 1e6:.3g} us |",
     ]

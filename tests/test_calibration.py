@@ -134,18 +134,24 @@ CPU_LIKE = {"hbm_bandwidth": 50e9, "launch_overhead_s": 1e-6}
 
 
 @pytest.mark.slow
-def test_the_fit_finds_the_decode_loops_cache():
+def test_the_fit_finds_the_decode_loops_cache_and_the_fresh_memorys_rate():
     """Memory-bound steps of decode loops over working sets of 0.25-256 MiB, and single calls
-    beside them, timed by a profile with an 8 MiB cache: the scan finds its size and the fit
-    its cached time."""
+    beside them, some mapping 64-512 MiB afresh, timed by a profile with an 8 MiB cache and
+    fresh memory at 3 GB/s: the scan finds the cache's size, the fit its cached time and the
+    fresh memory's rate."""
     rng = np.random.default_rng(1)
     out = []
     for i in range(120):
         nbytes = tuple(float(2 ** rng.uniform(18, 28)) for _ in range(int(rng.integers(1, 3))))
         flops = tuple(y * float(rng.uniform(0.1, 2.0)) for y in nbytes)
         calls = 0.125 if i % 3 else 1.0
-        out.append(Sample(f"c{i}", "decode", flops, nbytes, 10.0, 1.0, calls=calls))
-    truth = dataclasses.replace(CACHED, memory_table=None, memory_efficiency=0.5, **CPU_LIKE)
+        fresh = float(2 ** rng.uniform(26, 29)) if i % 6 == 0 else 0.0
+        out.append(
+            Sample(f"c{i}", "decode", flops, nbytes, 10.0, 1.0, calls=calls, fresh_bytes=fresh)
+        )
+    truth = dataclasses.replace(
+        CACHED, memory_table=None, memory_efficiency=0.5, fresh_bandwidth=3e9, **CPU_LIKE
+    )
     times = predict_samples(truth, out, dtype="bf16")
     samples = [dataclasses.replace(s, measured_s=float(t)) for s, t in zip(out, times)]
     fit = fit_profile(
@@ -153,6 +159,7 @@ def test_the_fit_finds_the_decode_loops_cache():
     )
     assert 2.0**22.5 <= fit.profile.cache_bytes <= 2.0**23.5  # a step of the scan either way
     assert fit.profile.cached_time == pytest.approx(0.3, rel=0.2)
+    assert fit.profile.fresh_bandwidth == pytest.approx(3e9, rel=0.2)
     assert fit.log_residual_sd < 0.05
 
 
@@ -262,6 +269,16 @@ def test_a_bad_cache_is_one_error(field, value, message):
     with pytest.raises(UserError, match=message):
         DeviceProfile.from_json(data, where="p.json")
     assert "cache_bytes" not in BASE.to_json()["efficiency"]  # none: nothing written
+
+
+@pytest.mark.parametrize("value", [-1.0, float("inf"), "fast"])
+def test_a_bad_fresh_bandwidth_is_one_error(value):
+    data = dataclasses.replace(BASE, fresh_bandwidth=2e9).to_json()
+    assert data["ceilings"]["fresh_bandwidth"] == 2e9  # written where there is one
+    data["ceilings"]["fresh_bandwidth"] = value
+    with pytest.raises(UserError, match="ceilings.fresh_bandwidth"):
+        DeviceProfile.from_json(data, where="p.json")
+    assert "fresh_bandwidth" not in BASE.to_json()["ceilings"]  # none: nothing written
 
 
 def test_the_builtin_calibrated_gpu_profiles():

@@ -25,7 +25,7 @@ from vocabjax.calibration import MIN_FIT_SAMPLES
 from vocabjax.errors import UserError
 from vocabjax.hardware import BUILTIN_DEVICES, DeviceProfile, save_device
 from vocabjax.shapes import BUILTIN_SHAPES, ModelShape
-from vocabjax.validation import FAMILIES, Grid, Point, get_grid, predict
+from vocabjax.validation import FAMILIES, Grid, Point, get_grid, predict, timing
 from vocabjax.validation import run as validation_run
 from vocabjax.validation.grid import OP_FAMILIES, STEP_FAMILIES, W512_GQA
 
@@ -42,7 +42,7 @@ CPU_PROFILE = DeviceProfile(
 POINT_KEYS = {
     "family", "kind", "shape", "vocab", "batch", "context", "flops", "bytes", "launches",
     "launch_s", "calls", "dispatch_s", "predicted_s", "measured_s", "compile_s", "error_pct",
-    "bound", "ops", "faults_per_call",
+    "bound", "ops", "faults_per_call", "fresh_bytes",
 }  # fmt: skip
 SUMMARY_KEYS = {"n", "median_abs_error_pct", "max_abs_error_pct"}
 
@@ -73,12 +73,18 @@ def real_run(tmp_path_factory, profile_path):
     return result, json.loads(result.stdout), out, seen[0]
 
 
+FRESH = 64 * 2**20  # the fresh memory fake_times gives every third point's call
+
+
 def fake_times(monkeypatch, measured_s: float = 1e-3):
-    """Skip the timing: every point takes ``measured_s`` (times 1, 2 or 3), compiles in 0.5 s
-    and faults ``1000 measured_s`` pages per call."""
+    """Skip the timing: every point takes ``measured_s`` (times 1, 2 or 3), compiles in 0.5 s,
+    faults ``1000 measured_s`` pages per call, and every third maps ``FRESH`` bytes afresh."""
 
     def fake(points, grid, **kw):
-        return [(measured_s * (1 + i % 3), 0.5, 1e3 * measured_s) for i in range(len(points))]
+        return [
+            (measured_s * (1 + i % 3), 0.5, 1e3 * measured_s, 0.0 if i % 3 else float(FRESH))
+            for i in range(len(points))
+        ]
 
     monkeypatch.setattr(validation_run, "measure", fake)
 
@@ -103,6 +109,8 @@ def test_json_has_every_family_with_finite_positive_figures(real_run):
         assert p["faults_per_call"] >= 0 and 2 * p["faults_per_call"] == int(
             2 * p["faults_per_call"]
         )
+        # XLA's temporaries when glibc maps them afresh (32 MiB or more), else none
+        assert p["fresh_bytes"] == 0 or p["fresh_bytes"] >= timing.FRESH_THRESHOLD
         assert p["error_pct"] == pytest.approx(
             100 * (p["predicted_s"] - p["measured_s"]) / p["measured_s"], rel=1e-12
         )
@@ -164,7 +172,9 @@ def test_formats_render_the_points_and_the_summary(real_run, monkeypatch, fmt):
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     if fmt == "csv":
-        assert lines[0].split(",") == [*validation.report.COLUMNS, "faults_per_call"]
+        assert lines[0].split(",") == [
+            *validation.report.COLUMNS, "faults_per_call", "fresh_bytes"
+        ]  # fmt: skip
         assert len(lines) == 1 + len(doc["points"])
         return
     assert lines[0].startswith("validate on cpu (")
@@ -487,13 +497,21 @@ def test_fit_recovers_a_machine_and_prices_as_the_fit_does(monkeypatch, tmp_path
         intensity_table=EfficiencyTable((0.5, 5.0, 50.0, 500.0), (0.05, 0.2, 0.5, 0.7)),
         memory_table=EfficiencyTable((1e4, 1e6, 1e8, 1e10), (3.0, 1.5, 0.8, 0.6)),
         row_table=EfficiencyTable((512.0, 1024.0, 2048.0), (1.0, 1.3, 1.6)),
+        fresh_bandwidth=2e9,
     )
+
+    def fresh(p):  # the larger prefills and training steps map 64-512 MiB afresh per call
+        big = p.family in ("prefill", "train") and p.batch >= 4
+        return float(FRESH * p.batch // 2) if big else 0.0
 
     def machine(points, grid, **kw):
         return [
-            (predict(p, truth, decode_steps=grid.decode_steps).predicted_s, 0.1, None)
+            (
+                predict(p, truth, decode_steps=grid.decode_steps, fresh_bytes=fresh(p)).predicted_s,
+                0.1, None, fresh(p),
+            )
             for p in points
-        ]
+        ]  # fmt: skip
 
     monkeypatch.setattr(validation_run, "measure", machine)
     v = validation.validate(CPU_PROFILE, "quick")
@@ -508,6 +526,7 @@ def test_fit_recovers_a_machine_and_prices_as_the_fit_does(monkeypatch, tmp_path
     assert fitted.attention_efficiency == pytest.approx(0.2, rel=0.3)
     assert fitted.train_efficiency == pytest.approx(0.4, rel=0.3)
     assert fitted.sampling_efficiency == pytest.approx(0.1, rel=0.3)  # the pick of a token
+    assert fitted.fresh_bandwidth == pytest.approx(2e9, rel=0.3)  # page faults of fresh memory
     assert fitted.row_table is not None  # the grid's decode steps at B = 1 are one-row matmuls
     # by default only the steps are fitted: every op point is then one the fit never saw
     steps_only = calibrate(v)
@@ -656,6 +675,7 @@ def test_runs_combine_into_each_points_median(monkeypatch, tmp_path, profile_pat
         assert p["runs_spread_pct"] == pytest.approx(spread)
         assert p["predicted_s"] == single[0][i]["predicted_s"]  # priced as the first run
         assert p["faults_per_call"] == statistics.median(r[i]["faults_per_call"] for r in single)
+        assert p["fresh_bytes"] == single[0][i]["fresh_bytes"] == (0.0 if i % 3 else FRESH)
     back = validation.read_validation(tmp_path / "all.json")
     assert back.runs == 3 and back.results[0].runs_spread_pct == pytest.approx(100.0)
     assert back.results[0].faults_per_call == pytest.approx(2.0)
@@ -701,8 +721,6 @@ def test_by_shape_times_each_shape_alone_and_says_so(tmp_path, profile_path):
 def test_by_shape_measures_each_shape_as_its_own_set(monkeypatch):
     """``measure(by_shape=True)`` builds and times one set per model shape, in the grid's
     order of shapes, and hands back every point's figures in the order of the points."""
-    from vocabjax.validation import timing
-
     other = ModelShape("other", d_model=32, n_layers=1, n_heads=2, n_kv_heads=2, d_ff=64)
     grid = get_grid("test")
     points = [*grid.points(), *dataclasses.replace(grid, shapes=(other,)).points()]
@@ -711,7 +729,7 @@ def test_by_shape_measures_each_shape_as_its_own_set(monkeypatch):
 
     def fake_set(chosen, g, **kw):
         sets.append([p.shape.name for p in chosen])
-        return [timing.Timed(float(points.index(p)), 0.0, None) for p in chosen]
+        return [timing.Timed(float(points.index(p)), 0.0, None, None) for p in chosen]
 
     monkeypatch.setattr(timing, "_measure_set", fake_set)
     times = timing.measure(points, grid, by_shape=True)
@@ -722,3 +740,20 @@ def test_by_shape_measures_each_shape_as_its_own_set(monkeypatch):
     sets.clear()
     timing.measure(points, grid)  # one set of every point
     assert len(sets) == 1 and len(sets[0]) == len(points)
+
+
+def test_fresh_bytes_are_xlas_temporaries_that_glibc_maps_afresh():
+    """A call whose temporary buffer is 32 MiB or more maps it afresh (every page faults on
+    every call); a smaller one is served from the heap: none."""
+    import jax
+    import jax.numpy as jnp
+
+    def twice(x_nk):  # x x^T is a temporary (N x N f32), reduced back to N x K
+        return (x_nk @ x_nk.T) @ x_nk
+
+    def compiled(n):
+        return jax.jit(twice).lower(jax.ShapeDtypeStruct((n, 8), jnp.float32)).compile()
+
+    big = timing.fresh_bytes(compiled(4096))  # a 64 MiB temporary
+    assert big >= 4096 * 4096 * 4 and big >= timing.FRESH_THRESHOLD
+    assert timing.fresh_bytes(compiled(512)) == 0.0  # 1 MiB: from the heap

@@ -29,6 +29,10 @@ twice as fast as a 512-byte one, benchmarks/xla_cpu_dot.py). Beside the tables i
   fitted; ``cache_bytes`` is picked from ``CACHE_SIZES`` by the fit's loss, one fit per size
   (vmapped: the loss has no useful gradient in the size far from it). Only samples charged a
   share of a host call (``0 < calls < 1``: a step of an on-device loop) carry it;
+- the rate at which a call first touches memory mapped afresh for it
+  (``DeviceProfile.fresh_bandwidth``: its page faults), over the bytes a sample says it maps
+  (``Sample.fresh_bytes``; on a CPU, XLA's temporaries of 32 MiB or more); fitted only where
+  some sample maps any;
 - one scale of both rates per op kind (``hardware.OP_KINDS``): attention (a batched
   matrix-vector product with a mask and a softmax, which the GEMM tables do not describe), the
   forward and backward of a training step, elementwise kernels (norms, activations,
@@ -79,8 +83,8 @@ FIT_TABLES: tuple[str, ...] = ("intensity_table", "memory_table")
 # and, where the samples hold matrix-vector products (Op.row_bytes > 0), e_m of those by the
 # bytes of one weight row (XLA's CPU emitter streams long rows faster than short ones)
 ONE_ROW_TABLE = "row_table"
-# + launch, dispatch, overlap, the cache's cached time, kinds
-N_PARAMS = (len(FIT_TABLES) + 1) * KNOTS + 4 + len(OP_KINDS)
+# + launch, dispatch, overlap, the cache's cached time, the fresh memory's rate, kinds
+N_PARAMS = (len(FIT_TABLES) + 1) * KNOTS + 5 + len(OP_KINDS)
 MIN_FIT_SAMPLES = N_PARAMS + 4  # so the fit is overdetermined
 HELD_OUT = 1 / 3
 SMOOTHNESS = 1e-2  # weight of the squared log-efficiency differences between neighbour knots
@@ -94,6 +98,7 @@ OVERLAP_EDGE = 0.02  # the fit of the overlap starts inside (0, 1), where its gr
 # cache, of which a step's weights and cache compete with everything else the process touches)
 CACHE_SIZES = tuple(2.0 ** (20 + i / 2) for i in range(2, 13))
 START_CACHED_TIME = 0.5  # where the fit of the cached time starts
+START_FRESH_BANDWIDTH = 5e9  # bytes/s of freshly mapped memory where its fit starts (~1 us a page)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +120,9 @@ class Sample:
     # the bytes one step reads (the cache's working set; by default its ops' bytes, where a
     # sample leaves out ops priced by a kernel table the step still reads)
     working_bytes: float | None = None
+    # memory the measured call maps afresh, per measured unit (a decode step: its share of the
+    # loop's call); touching it costs its page faults (``DeviceProfile.fresh_bandwidth``)
+    fresh_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         if self.working_bytes is None:
@@ -179,6 +187,7 @@ class _Ops(NamedTuple):
     fixed: np.ndarray
     row_bytes: np.ndarray
     working: np.ndarray  # per sample: the bytes one step reads
+    fresh: np.ndarray  # per sample: the bytes its call maps afresh, per measured unit
 
     @property
     def intensity(self) -> np.ndarray:
@@ -212,6 +221,7 @@ def _pad(samples: Sequence[Sample]) -> _Ops:
                                                                         "fixed_s")),
         row_bytes,
         np.array([s.working_bytes for s in samples], float),
+        np.array([s.fresh_bytes for s in samples], float),
     )  # fmt: skip
 
 
@@ -230,12 +240,12 @@ class _Trial:
     cached_time: Any = 1.0
 
 
-def price(tables, kind_scale, launch_s, dispatch_s, ops: _Ops, *, peak, bandwidth, xp):
+def price(tables, kind_scale, launch_s, dispatch_s, ops: _Ops, *, peak, bandwidth, xp, fresh_s=0.0):
     """Seconds of each sample, as ``CostModel.op_time`` prices each op: ``max(F / (P e_c),
     Y / (BW e_m))`` over its kind's scale (``kind_scale[kinds]``), e_c and e_m read at one
     kernel's size from ``tables`` (``hardware.fractions``), the memory time of a decode loop's
-    step scaled by the cache (``hardware.loop_memory_factor``); plus its launches, host calls
-    and fixed time."""
+    step scaled by the cache (``hardware.loop_memory_factor``); plus its launches, host calls,
+    its fresh memory at ``fresh_s`` seconds a byte, and its fixed time."""
     a = jax.tree.map(xp.asarray, ops) if xp is jnp else ops
     intensity = a.flops / xp.maximum(a.nbytes, 1.0)
     e_c, e_m = fractions(
@@ -245,7 +255,8 @@ def price(tables, kind_scale, launch_s, dispatch_s, ops: _Ops, *, peak, bandwidt
     t_math = a.flops / (peak * e_c)
     t_mem = a.nbytes / (bandwidth * e_m) * xp.asarray(cached)[..., None]
     t_ops = op_seconds(t_math, t_mem, tables.overlap, xp=xp) / xp.asarray(kind_scale)[a.kinds]
-    return t_ops.sum(axis=1) + a.launches * launch_s + a.calls * dispatch_s + a.fixed
+    overheads = a.launches * launch_s + a.calls * dispatch_s + a.fresh * fresh_s
+    return t_ops.sum(axis=1) + overheads + a.fixed
 
 
 def _profile_scales(profile: DeviceProfile) -> np.ndarray:
@@ -305,6 +316,7 @@ class _Problem:
     bandwidth: float
     fits_dispatch: bool  # some sample is charged a host call
     fits_cache: bool  # some sample is a step of an on-device loop (it reads what fits the cache)
+    fits_fresh: bool  # some sample maps memory afresh
     fitted_kinds: tuple[str, ...]  # the op kinds some sample holds
     tables: tuple[str, ...]  # the tables fitted: FIT_TABLES, and the one-row table if any
 
@@ -328,6 +340,7 @@ class _Problem:
             bandwidth=device.hbm_bandwidth,
             fits_dispatch=bool(np.any(ops.calls > 0)),
             fits_cache=bool(np.any((ops.warm(np) > 0) & (ops.working > 0))),
+            fits_fresh=bool(np.any(ops.fresh > 0)),
             fitted_kinds=tuple(
                 k for i, k in enumerate(OP_KINDS, 1) if np.any((ops.kinds == i) & works)
             ),
@@ -346,8 +359,9 @@ class _Problem:
         )  # fmt: skip
         scales = jnp.concatenate([jnp.ones(1), jnp.exp(params["kinds"])])
         launch, dispatch = jnp.exp(params["launch"]), jnp.exp(params["dispatch"])
+        fresh = jnp.exp(params["fresh"])
         return price(trial, scales, launch, dispatch, self.ops, peak=self.peak,
-                     bandwidth=self.bandwidth, xp=jnp)  # fmt: skip
+                     bandwidth=self.bandwidth, xp=jnp, fresh_s=fresh)  # fmt: skip
 
     def loss(self, params):
         resid = jnp.log(self.predict(params)) - self.log_measured
@@ -371,6 +385,7 @@ class _Problem:
         }  # fmt: skip
         refitted = ["launch overhead"] + ["dispatch overhead"] * self.fits_dispatch
         refitted += ["the cache's size and cached time"] * self.fits_cache
+        refitted += ["the fresh memory's rate"] * self.fits_fresh
         cache = {"cache_bytes": device.cache_bytes, "cached_time": device.cached_time}
         if self.fits_cache:
             cache = {"cache_bytes": float(np.exp(params["cache"])),
@@ -391,6 +406,9 @@ class _Problem:
             **{f: _table(self.knots[f], params[f]) for f in self.tables},
             overlap=float(jax.nn.sigmoid(params["overlap"])),
             **cache,
+            fresh_bandwidth=float(np.exp(-params["fresh"]))
+            if self.fits_fresh
+            else device.fresh_bandwidth,
             launch_overhead_s=float(np.exp(params["launch"])),
             dispatch_overhead_s=float(np.exp(params["dispatch"]))
             if self.fits_dispatch
@@ -422,6 +440,7 @@ def _start(device: DeviceProfile, tables: Sequence[str], cache_bytes: float) -> 
         "overlap": jnp.float32(_logit(device.overlap)),
         "cache": jnp.float32(math.log(cache_bytes)),
         "cached": jnp.float32(_logit(START_CACHED_TIME)),
+        "fresh": jnp.float32(-math.log(device.fresh_bandwidth or START_FRESH_BANDWIDTH)),
     }
 
 
@@ -440,8 +459,9 @@ def _minimize(loss, starts: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     opt = optax.adam(LEARNING_RATE)
     cap = math.log(MAX_FITTED_EFFICIENCY)
     lows = {"launch": math.log(MIN_LAUNCH_S), "dispatch": math.log(MIN_LAUNCH_S), "overlap": -20.0,
-            "cache": 0.0}  # fmt: skip
-    highs = {"launch": 0.0, "dispatch": 0.0, "overlap": 20.0, "cached": 20.0, "cache": 60.0}
+            "cache": 0.0, "fresh": -60.0}  # fmt: skip
+    highs = {"launch": 0.0, "dispatch": 0.0, "overlap": 20.0, "cached": 20.0, "cache": 60.0,
+             "fresh": 0.0}  # fmt: skip
 
     @jax.jit
     @jax.vmap
@@ -475,4 +495,5 @@ def predict_samples(profile: DeviceProfile, samples: Sequence[Sample], *, dtype:
     return price(
         profile, _profile_scales(profile), profile.launch_overhead_s, profile.dispatch_overhead_s,
         _pad(samples), peak=profile.flops(dtype), bandwidth=profile.hbm_bandwidth, xp=np,
+        fresh_s=profile.fresh_s_per_byte,
     )  # fmt: skip

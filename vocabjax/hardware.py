@@ -255,6 +255,11 @@ class DeviceProfile:
     # (its last-level cache); 0: no cache modelled (datasheet and GPU profiles).
     cache_bytes: float = 0.0
     cached_time: float = 1.0
+    # Bytes/s at which a call first touches memory mapped afresh for it (its page faults): on a
+    # CPU, XLA's temporaries of 32 MiB or more are mapped anew on every call
+    # (``validation.timing.fresh_bytes``). Fitted by ``validate --fit`` where the points carry
+    # such bytes; 0: not modelled.
+    fresh_bandwidth: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.peak_flops:
@@ -281,6 +286,9 @@ class DeviceProfile:
             self.cache_bytes, where=f"device {self.name!r} cache_bytes", allow_zero=True
         )
         positive_number(self.cached_time, where=f"device {self.name!r} cached_time", maximum=1.0)
+        positive_number(
+            self.fresh_bandwidth, where=f"device {self.name!r} fresh_bandwidth", allow_zero=True
+        )
         for field in KIND_FIELDS:
             positive_number(
                 getattr(self, field),
@@ -301,6 +309,11 @@ class DeviceProfile:
         if self.calibration is None or "log_residual_sd" not in self.calibration:
             return None
         return float(self.calibration["log_residual_sd"])
+
+    @property
+    def fresh_s_per_byte(self) -> float:
+        """Seconds per byte of memory a call maps afresh (0 where not modelled)."""
+        return 1.0 / self.fresh_bandwidth if self.fresh_bandwidth > 0 else 0.0
 
     def compute_fraction(self, flops, intensity, *, xp):
         """e_c of one kernel of ``flops`` FLOPs at ``intensity`` FLOP/byte (``fractions``)."""
@@ -345,6 +358,7 @@ class DeviceProfile:
                 "ridge_point": {d: self.ridge_point(d) for d in self.peak_flops},
                 "launch_overhead_s": self.launch_overhead_s,
                 "dispatch_overhead_s": self.dispatch_overhead_s,
+                **({"fresh_bandwidth": self.fresh_bandwidth} if self.fresh_bandwidth > 0 else {}),
             },
             "efficiency": {
                 "compute": self.compute_efficiency,
@@ -420,6 +434,11 @@ class DeviceProfile:
                 where=f"{where}: ceilings.dispatch_overhead_s",
                 allow_zero=True,
             ),
+            fresh_bandwidth=positive_number(
+                ceilings.get("fresh_bandwidth", 0.0),
+                where=f"{where}: ceilings.fresh_bandwidth",
+                allow_zero=True,
+            ),
             source=text(data.get("source", where), where=f"{where}: source"),
             measured=boolean(data.get("measured", False), where=f"{where}: measured"),
             calibration=calibration,
@@ -477,6 +496,7 @@ EFFICIENCY_FIELDS = (
 )  # fmt: skip
 CEILING_FIELDS = (
     "hbm_bandwidth", "peak_flops", "ridge_point", "launch_overhead_s", "dispatch_overhead_s",
+    "fresh_bandwidth",
 )  # fmt: skip
 
 

@@ -33,7 +33,13 @@ def sample(r: Result) -> Sample:
         kinds=tuple(o.kind for o in ops),
         row_bytes=tuple(o.row_bytes for o in ops),
         working_bytes=sum(o.bytes or 0.0 for o in r.prediction.ops),  # all a step reads
+        fresh_bytes=r.prediction.fresh_bytes,
     )
+
+
+def repriced(r: Result, device, decode_steps: int):
+    """``r``'s point priced on ``device``, with the memory its call maps afresh."""
+    return predict(r.point, device, decode_steps=decode_steps, fresh_bytes=r.fresh_bytes or 0.0)
 
 
 FIT_ON: dict[str, tuple[str, ...]] = {
@@ -89,7 +95,6 @@ def calibrate(v: Validation, families: Sequence[str] = STEP_FAMILIES) -> Calibra
     fit = dataclasses.replace(fit, profile=dataclasses.replace(fit.profile, calibration=record))
     steps = v.grid.decode_steps
     after = tuple(
-        dataclasses.replace(r, prediction=predict(r.point, fit.profile, decode_steps=steps))
-        for r in v.results
+        dataclasses.replace(r, prediction=repriced(r, fit.profile, steps)) for r in v.results
     )
     return Calibrated(fit, after)

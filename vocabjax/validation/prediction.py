@@ -20,7 +20,12 @@ CPU) and the ``full`` cost mode. Per family:
     unembedding  op_time(decode_ops["unembedding"]) + 1 launch + 1 host call: the B x V f32
                  logits written.
 
-A host call costs the profile's ``dispatch_overhead_s`` (0 unless measured or fitted).
+A host call costs the profile's ``dispatch_overhead_s`` (0 unless measured or fitted). Memory
+the point's compiled call maps afresh (``fresh_bytes``: on a CPU, XLA's temporaries of 32 MiB or
+more, ``timing.fresh_bytes``; a decode step its eighth of the loop's) costs its page faults at
+the profile's ``fresh_bandwidth`` (0 unless fitted). That figure comes from XLA's own buffer
+assignment of the compiled call, which ``sweep`` and ``plan`` do not have: they price no page
+faults.
 
 Op rows keep each op's FLOPs and bytes, so a later fit can re-price a point without timing it.
 """
@@ -82,9 +87,11 @@ class Prediction:
     ops: tuple[OpRow, ...]
     launches: float  # kernel launches charged
     launch_s: float  # launches x the device's launch overhead
-    predicted_s: float  # sum of the ops' t plus launch_s plus dispatch_s
+    predicted_s: float  # sum of the ops' t plus launch_s, dispatch_s and fresh_s
     calls: float = 0.0  # host calls per measured unit (a decode step: 1 / steps per call)
     dispatch_s: float = 0.0  # calls x the device's dispatch overhead
+    fresh_bytes: float = 0.0  # memory mapped afresh per measured unit (its page faults)
+    fresh_s: float = 0.0  # fresh_bytes at the device's fresh_bandwidth (0: not modelled)
 
     @property
     def flops(self) -> float:
@@ -98,9 +105,10 @@ class Prediction:
     @property
     def bound(self) -> str:
         """What the model says holds: the largest of the compute-bound ops' time, the
-        memory-bound ops' time and the launch and dispatch time ("launch"). A measured kernel
+        memory-bound ops' time (and the fresh memory's) and the launch and dispatch time
+        ("launch"). A measured kernel
         time counts by its roofline's bound."""
-        share = {"compute": 0.0, "memory": 0.0, "launch": self.launch_s + self.dispatch_s}
+        share = {"compute": 0.0, "memory": self.fresh_s, "launch": self.launch_s + self.dispatch_s}
         for o in self.ops:
             share["memory" if o.t_mem is not None and o.t_mem > o.t_math else "compute"] += o.t
         return max(share, key=lambda k: share[k])
@@ -128,9 +136,22 @@ def train_rows(cm: CostModel, vocab: int, batch: int, seq: int) -> tuple[OpRow, 
     return tuple(_row(k, op, cm.op_time(op, xp=PyMath)) for k, op in ops.items())
 
 
-def predict(point: Point, device: DeviceProfile, *, decode_steps: int = 1) -> Prediction:
+def predict(
+    point: Point, device: DeviceProfile, *, decode_steps: int = 1, fresh_bytes: float = 0.0
+) -> Prediction:
     """The cost model's time for ``point`` on ``device`` (module docstring, per family); a
-    decode point's time is per step of a loop of ``decode_steps`` steps per call."""
+    decode point's time is per step of a loop of ``decode_steps`` steps per call.
+    ``fresh_bytes``: the memory one call of the point maps afresh (module docstring)."""
+    q = _predict(point, device, decode_steps)
+    per_unit = fresh_bytes / (decode_steps if point.family == "decode" else 1)
+    fresh_s = per_unit * device.fresh_s_per_byte
+    return dataclasses.replace(
+        q, fresh_bytes=per_unit, fresh_s=fresh_s, predicted_s=q.predicted_s + fresh_s
+    )
+
+
+def _predict(point: Point, device: DeviceProfile, decode_steps: int) -> Prediction:
+    """``predict`` without the fresh memory."""
     cm = CostModel(device, point.shape, settings_for(point, decode_steps))
     m, s = point.shape, cm.settings
     b = float(point.batch)

@@ -45,6 +45,9 @@ class Result:
     # minor page faults of one timed call (a decode point's call runs the whole loop), median;
     # None where not counted (a platform without getrusage, a run saved before they were)
     faults_per_call: float | None = None
+    # memory one call maps afresh (``timing.fresh_bytes``: XLA's temporaries of 32 MiB or more
+    # on a CPU, 0 elsewhere); None where not known (a run saved before they were recorded)
+    fresh_bytes: float | None = None
 
     @property
     def error_pct(self) -> float:
@@ -213,8 +216,10 @@ def validate(
     with unembed.using_device_profile(device):
         times = measure([p for p, _ in kept], grid, seed=seed, progress=say, by_shape=by_shape)
     results: list[Result] = []
-    for (p, q), (measured, compile_s, faults) in zip(kept, times, strict=True):
-        r = Result(p, q, measured, compile_s, faults_per_call=faults)
+    for (p, _), (measured, compile_s, faults, fresh) in zip(kept, times, strict=True):
+        # priced again with the memory its compiled call maps afresh, known once built
+        q = predict(p, device, decode_steps=grid.decode_steps, fresh_bytes=fresh or 0.0)
+        r = Result(p, q, measured, compile_s, faults_per_call=faults, fresh_bytes=fresh)
         results.append(r)
         say(
             f"  {p.label()}: measured {measured * 1e3:.4g} ms, predicted "

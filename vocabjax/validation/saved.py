@@ -46,8 +46,9 @@ from vocabjax.validation.run import (
 
 KIND = "validation"
 _POINT_FIELDS = ("family", "shape", "vocab", "batch", "context", "measured_s", "compile_s")
-# written by a combined run (``combine_runs``), and by runs that counted page faults
-_POINT_OPTIONAL = ("runs_spread_pct", "faults_per_call")
+# written by a combined run (``combine_runs``), by runs that counted page faults, and by runs
+# that recorded the memory each call maps afresh (or had it added: sims/fresh_bytes.py)
+_POINT_OPTIONAL = ("runs_spread_pct", "faults_per_call", "fresh_bytes")
 
 
 def _grid(data: Any, *, where: str) -> Grid:
@@ -101,17 +102,19 @@ def _result(data: Any, grid: Grid, device: DeviceProfile, *, where: str) -> Resu
         size("vocab"),
         size("context"),
     )
+    optional = {
+        key: None
+        if p.get(key) is None
+        else positive_number(p[key], where=f"{where}.{key}", allow_zero=True)
+        for key in _POINT_OPTIONAL
+    }
+    fresh = optional["fresh_bytes"] or 0.0
     return Result(
         point,
-        predict(point, device, decode_steps=grid.decode_steps),
+        predict(point, device, decode_steps=grid.decode_steps, fresh_bytes=fresh),
         positive_number(p["measured_s"], where=f"{where}.measured_s"),
         positive_number(p["compile_s"], where=f"{where}.compile_s", allow_zero=True),
-        *(
-            None
-            if p.get(key) is None
-            else positive_number(p[key], where=f"{where}.{key}", allow_zero=True)
-            for key in _POINT_OPTIONAL
-        ),
+        **optional,
     )
 
 
@@ -209,12 +212,20 @@ def combine_runs(runs: Sequence[Validation], names: Sequence[str] | None = None)
         ts = [x.measured_s for x in each]
         median = statistics.median(ts)
         faults = [x.faults_per_call for x in each]
+        # the compiled calls' own figure: alike in every run that recorded it
+        fresh = {x.fresh_bytes for x in each if x.fresh_bytes is not None}
+        if len(fresh) > 1:
+            raise UserError(
+                f"{r.point.label()}: the runs record different fresh memory for its call "
+                f"({', '.join(str(f) for f in fresh)}): only runs of one build combine"
+            )
         return dataclasses.replace(
             r,
             measured_s=median,
             compile_s=statistics.median(x.compile_s for x in each),
             runs_spread_pct=100.0 * (max(ts) - min(ts)) / median,
             faults_per_call=None if None in faults else statistics.median(faults),
+            fresh_bytes=fresh.pop() if fresh else None,
         )
 
     hosts = list(dict.fromkeys(v.host for v in runs))

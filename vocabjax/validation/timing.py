@@ -61,11 +61,44 @@ Call = Callable[[], Any]
 
 class Timed(NamedTuple):
     """One point's timing: seconds per step (decode: per step of the loop) or per op, its
-    compile seconds, and the median minor page faults of one timed call (None: not counted)."""
+    compile seconds, the median minor page faults of one timed call (None: not counted), and
+    the memory one call maps afresh (``fresh_bytes``)."""
 
     seconds: float
     compile_s: float
     faults_per_call: float | None
+    fresh_bytes: float | None
+
+
+# glibc serves an allocation of less than its largest mmap threshold (32 MiB on 64-bit) from its
+# heap, reused call after call; a larger one it maps afresh and unmaps when freed, so every page
+# of it faults again on the next call (docs/validation.md)
+FRESH_THRESHOLD = 32 * 2**20
+
+
+def fresh_bytes(compiled) -> float | None:
+    """The memory one call of ``compiled`` (a jax ``Compiled``) maps afresh: on a CPU, XLA's
+    temporary buffer (one allocation per call, ``memory_analysis().temp_size_in_bytes``) when
+    it is ``FRESH_THRESHOLD`` or more, else 0; 0 on an accelerator (its allocator keeps its
+    memory); None where XLA gives no memory analysis."""
+    if jax.default_backend() != "cpu":
+        return 0.0
+    try:
+        analysis = compiled.memory_analysis()
+    except (NotImplementedError, jax.errors.JaxRuntimeError):
+        return None
+    if analysis is None:
+        return None
+    temp = float(analysis.temp_size_in_bytes)
+    return temp if temp >= FRESH_THRESHOLD else 0.0
+
+
+class Built(NamedTuple):
+    """A point's timed call, its compile seconds and the memory it maps afresh."""
+
+    call: Call
+    compile_s: float
+    fresh_bytes: float | None
 
 
 class _Params:
@@ -178,11 +211,12 @@ class Group:
         return self._engines[key]
 
     # ---- one call per family --------------------------------------------------------------
-    def build(self, point: Point) -> tuple[Call, float]:
-        """(the point's timed call, its compile seconds)."""
-        return getattr(self, f"_{point.family}")(point)
+    def build(self, point: Point) -> Built:
+        """The point's timed call, its compile seconds and the memory it maps afresh."""
+        call, seconds, compiled = getattr(self, f"_{point.family}")(point)
+        return Built(call, seconds, fresh_bytes(compiled))
 
-    def _decode(self, p: Point) -> tuple[Call, float]:
+    def _decode(self, p: Point) -> tuple[Call, float, Any]:
         t, n = p.context, self.grid.decode_steps
         bucket = t if (p.vocab, p.batch, t) in self._prefills else min(MIN_BUCKET, t)
         _, decode, seconds, (params, _, _, rng) = self._engine(p.vocab, p.batch, t, bucket)
@@ -200,13 +234,13 @@ class Group:
         steps = int(jax.block_until_ready(call()).steps)
         if steps != n:
             raise UserError(f"{p.label()}: the engine's decode loop ran {steps} steps, not {n}")
-        return call, seconds
+        return call, seconds, decode
 
-    def _prefill(self, p: Point) -> tuple[Call, float]:
+    def _prefill(self, p: Point) -> tuple[Call, float, Any]:
         prefill, _, seconds, example = self._engine(p.vocab, p.batch, p.context, p.context)
-        return (lambda: prefill(*example)), seconds
+        return (lambda: prefill(*example)), seconds, prefill
 
-    def _train(self, p: Point) -> tuple[Call, float]:
+    def _train(self, p: Point) -> tuple[Call, float, Any]:
         fn, params = self.params.model(p.vocab, p.context)
         config = RunConfig(
             shape=self.shape, heads=(p.vocab,), tokenizer="-", corpus=CorpusSpec("builtin"),
@@ -231,14 +265,14 @@ class Group:
             holder[0] = (new_params, new_opt)
             return losses, new_params
 
-        return call, seconds
+        return call, seconds, compiled
 
-    def _compiled(self, fn: Callable, *args) -> tuple[Call, float]:
+    def _compiled(self, fn: Callable, *args) -> tuple[Call, float, Any]:
         started = time.perf_counter()
         compiled = jax.jit(fn).lower(*args).compile()
-        return (lambda: compiled(*args)), time.perf_counter() - started
+        return (lambda: compiled(*args)), time.perf_counter() - started, compiled
 
-    def _backbone(self, p: Point) -> tuple[Call, float]:
+    def _backbone(self, p: Point) -> tuple[Call, float, Any]:
         fn, params = self.params.model(self.params.vocab, self.params.max_seq)
         # the blocks alone as (graph, arrays): the call takes their weights and nothing else
         blocks_fn, blocks = Functional.of(fn.model(params).blocks)
@@ -250,7 +284,7 @@ class Group:
 
         return self._compiled(layers, blocks, self._normal((p.batch, 1, self.shape.d_model)))
 
-    def _attention(self, p: Point) -> tuple[Call, float]:
+    def _attention(self, p: Point) -> tuple[Call, float, Any]:
         m = self.shape
         q = self._normal((p.batch, 1, m.n_kv_heads, m.n_heads // m.n_kv_heads, m.dh))
         holder = self._cache_holder(p.batch, p.context)
@@ -258,9 +292,9 @@ class Group:
         started = time.perf_counter()
         compiled = jax.jit(_decode_attention).lower(q, holder[0], pos_b).compile()
         seconds = time.perf_counter() - started
-        return (lambda: compiled(q, holder[0], pos_b)), seconds
+        return (lambda: compiled(q, holder[0], pos_b)), seconds, compiled
 
-    def _unembedding(self, p: Point) -> tuple[Call, float]:
+    def _unembedding(self, p: Point) -> tuple[Call, float, Any]:
         fn, params = self.params.model(p.vocab, self.params.max_seq)
         w_vd = fn.model(params).head(p.vocab)
         h_btd = self._normal((p.batch, 1, self.shape.d_model))
@@ -333,12 +367,13 @@ def _measure_set(
     shapes = list(dict.fromkeys(p.shape for p in points))
     try:
         groups = {s: Group(s, grid, [p for p in points if p.shape == s], seed) for s in shapes}
-        calls, compiles = [], []
+        calls, compiles, fresh = [], [], []
         for i, p in enumerate(points, 1):
-            call, seconds = groups[p.shape].build(p)
-            calls.append(call)
-            compiles.append(seconds)
-            say(f"validate: compiled {i}/{len(points)}: {p.label()} ({seconds:.1f} s)")
+            built = groups[p.shape].build(p)
+            calls.append(built.call)
+            compiles.append(built.compile_s)
+            fresh.append(built.fresh_bytes)
+            say(f"validate: compiled {i}/{len(points)}: {p.label()} ({built.compile_s:.1f} s)")
         s = grid.timing
         say(
             f"validate: timing {len(points)} points round-robin ({s.warmup - 1} warm-up and "
@@ -355,5 +390,6 @@ def _measure_set(
     per_call = [grid.decode_steps if p.family == "decode" else 1 for p in points]
     faults = tally.medians(len(points))
     return [
-        Timed(t / n, c, f) for t, n, c, f in zip(times, per_call, compiles, faults, strict=True)
+        Timed(t / n, c, f, m)
+        for t, n, c, f, m in zip(times, per_call, compiles, faults, fresh, strict=True)
     ]
