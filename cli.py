@@ -1698,6 +1698,8 @@ def _validation_text(result, calibrated, fmt: str) -> str:
             render.rows(validation.summary_rows(result, held), fmt),
             "after calibration",
             render.rows(validation.summary_rows(result, after), fmt),
+            "\nthe calibrated profile",
+            render.rows(validation.profile_rows(calibrated.fit.profile), fmt),
         ]
     return "\n".join(out)
 

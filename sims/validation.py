@@ -22,7 +22,6 @@ import _common  # noqa: F401  (puts the checkout on sys.path)
 from _common import ROOT, figure_path, write_doc
 
 from vocabjax import validation
-from vocabjax.hardware import OP_KINDS, TABLE_FIELDS
 from vocabjax.validation.fit import calibrate
 from vocabjax.validation.grid import FAMILIES, STEP_FAMILIES
 
@@ -73,25 +72,12 @@ def steps_after(cal) -> tuple[float, float]:
 
 def fitted(profile) -> list[str]:
     """The calibrated profile's parameters, one row each."""
-    rows = [
-        f"| {key} | "
-        + ", ".join(f"{s:.3g}: {x:.3g}" for s, x in zip(t.sizes, t.values, strict=True))
-        + " |"
-        for field, key in TABLE_FIELDS.items()
-        if (t := getattr(profile, field)) is not None
+    rows = validation.profile_rows(profile)
+    return [
+        "| parameter | value |",
+        "|---|---|",
+        *(f"| {r['parameter']} | {r['value']} |" for r in rows),
     ]
-    rows += [f"| {k} efficiency | {profile.kind_efficiency(k):.3g} |" for k in OP_KINDS]
-    rows += [
-        f"| overlap | {profile.overlap:.3g} |",
-        f"| cache of a decode loop's steps | {profile.cache_bytes / 2**20:.3g} MiB, read in "
-        f"{profile.cached_time:.3g} of the time from memory |",
-        f"| fresh memory (a call's page faults) | {profile.fresh_bandwidth / 1e9:.3g} GB/s, "
-        f"{4096 / profile.fresh_bandwidth * 1e6 if profile.fresh_bandwidth else 0:.3g} us "
-        "a 4 KiB page |",
-        f"| launch overhead | {profile.launch_overhead_s * 1e6:.3g} us |",
-        f"| dispatch overhead (one host call) | {profile.dispatch_overhead_s * 1e6:.3g} us |",
-    ]
-    return ["| parameter | value |", "|---|---|", *rows]
 
 
 def worst(cal, n: int = 10) -> list[str]:

@@ -545,6 +545,8 @@ def test_fit_recovers_a_machine_and_prices_as_the_fit_does(monkeypatch, tmp_path
     result = invoke("--quick", "--device", "a100-80gb", "--fit", "--save-profile", str(profile),
                     "--out", str(out), "--plot", str(figure))  # fmt: skip
     assert result.exit_code == 0, result.output
+    assert "the calibrated profile" in result.stdout  # its fitted parameters, one row each
+    assert "dispatch overhead (one host call)" in result.stdout
     assert figure.stat().st_size > 0  # two panels: before, and the points the fit never saw
     doc = json.loads(out.read_text())
     assert set(doc["summary"]) == {"before", "before_held_out", "after"}

@@ -8,7 +8,8 @@ engine and training step over a grid, beside the cost model's prediction for eac
     run.py         ``validate()``: the device (a profile, or ceilings measured now), the run
     saved.py       ``read_validation()``: a saved run read back and priced again;
                    ``combine_runs()``: several runs of one grid as each point's median
-    report.py      rows, the error summary, the JSON document, the predicted/measured figure
+    report.py      rows, the error summary, the JSON document, the predicted/measured figure,
+                   a calibrated profile's parameters
 """
 
 from vocabjax.validation.grid import FAMILIES, GRIDS, Grid, Point, get_grid
@@ -18,6 +19,7 @@ from vocabjax.validation.report import (
     headline,
     plot,
     point_rows,
+    profile_rows,
     summary,
     summary_rows,
 )
@@ -58,6 +60,7 @@ __all__ = [
     "plot",
     "point_rows",
     "predict",
+    "profile_rows",
     "profile_kind",
     "read_validation",
     "read_validations",

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from vocabjax import plots
+from vocabjax.hardware import OP_KINDS, TABLE_FIELDS
 from vocabjax.profiles import SCHEMA
 from vocabjax.validation.fit import Calibrated
 from vocabjax.validation.grid import AXES, FAMILIES
@@ -188,6 +189,36 @@ def summary_rows(v: Validation, results: Sequence[Result] | None = None) -> list
     rows += [{"group": f"bound {b}", **x} for b, x in s["by_bound"].items()]
     rows.append({"group": "all", **{k: s[k] for k in ("n", "median_abs_error_pct",
                                                       "max_abs_error_pct")}})  # fmt: skip
+    return rows
+
+
+def profile_rows(profile) -> list[dict[str, str]]:
+    """A calibrated profile's fitted parameters, one row each (``parameter``, ``value``): its
+    tables, kind scales, overlap, decode-loop cache, fresh memory and overheads."""
+    rows = [
+        {"parameter": key,
+         "value": ", ".join(f"{s:.3g}: {x:.3g}" for s, x in zip(t.sizes, t.values, strict=True))}
+        for field, key in TABLE_FIELDS.items()
+        if (t := getattr(profile, field)) is not None
+    ]  # fmt: skip
+    rows += [{"parameter": f"{k} efficiency", "value": f"{profile.kind_efficiency(k):.3g}"}
+             for k in OP_KINDS]  # fmt: skip
+    cache = "none"
+    if profile.cache_bytes > 0:
+        cache = (f"{profile.cache_bytes / 2**20:.3g} MiB, read in {profile.cached_time:.3g} of "
+                 "the time from memory")  # fmt: skip
+    fresh = "not modelled"
+    if profile.fresh_bandwidth > 0:
+        page = 4096 / profile.fresh_bandwidth * 1e6
+        fresh = f"{profile.fresh_bandwidth / 1e9:.3g} GB/s, {page:.3g} us a 4 KiB page"
+    rows += [
+        {"parameter": "overlap", "value": f"{profile.overlap:.3g}"},
+        {"parameter": "cache of a decode loop's steps", "value": cache},
+        {"parameter": "fresh memory (a call's page faults)", "value": fresh},
+        {"parameter": "launch overhead", "value": f"{profile.launch_overhead_s * 1e6:.3g} us"},
+        {"parameter": "dispatch overhead (one host call)",
+         "value": f"{profile.dispatch_overhead_s * 1e6:.3g} us"},
+    ]  # fmt: skip
     return rows
 
 
