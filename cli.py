@@ -1263,6 +1263,14 @@ def _timing_columns(t: dict) -> dict:
     show_default=True,
     help="Relative band around the held-out BPB for the default thresholds.",
 )
+@click.option(
+    "--no-prompt-scoring",
+    "score_prompts",
+    flag_value=False,
+    default=True,
+    help="Do not score prompts (an unembedding of every prompt position in each prefill): no "
+    "prompt bits per byte, and so no quality controller.",
+)
 @_sampling_options
 @click.option(
     "--seed",
@@ -1309,6 +1317,8 @@ def serve(run_dir, policy, trace, demo, save_trace, plot, fmt, port, host, **opt
         raise UserError(
             "--port serves live traffic with continuous batching: no --plot or --batching static"
         )
+    if port is not None and not options["score_prompts"]:
+        raise UserError("--port reports windowed bits per byte in /metrics: no --no-prompt-scoring")
     config = ServeConfig.from_options(options)
     inputs = load_serve_inputs(
         run_dir, policy, trace=trace, seed=options["seed"], max_new_tokens=config.max_new_tokens,
@@ -1316,6 +1326,8 @@ def serve(run_dir, policy, trace, demo, save_trace, plot, fmt, port, host, **opt
         progress=log,
     )  # fmt: skip
     requests, thresholds = inputs.requests, inputs.thresholds
+    if not config.score_prompts:
+        thresholds = None  # the controller reads the prompts' scores
     if trace:
         log(f"trace {trace}: {_trace_note(requests)}")
     else:
@@ -1323,7 +1335,7 @@ def serve(run_dir, policy, trace, demo, save_trace, plot, fmt, port, host, **opt
         log(f"demo trace{note}: {_trace_note(requests)} from the builtin corpus's held-out part")
     if save_trace:
         log(f"wrote {write_trace(save_trace, requests)}")
-    log(_controller_note(thresholds, config.window))
+    log(_controller_note(thresholds, config))
     if port is not None:
         _serve_port(inputs, config, host, port)
         return
@@ -1358,7 +1370,9 @@ def _serve_port(inputs, config, host: str, port: int) -> None:
     serve_http(live_server(inputs, config, progress=log), host=host, port=port, log=log)
 
 
-def _controller_note(thresholds, window: int) -> str:
+def _controller_note(thresholds, config) -> str:
+    if not config.score_prompts:
+        return "quality controller off: prompts are not scored (--no-prompt-scoring)"
     if thresholds is None:
         return (
             "quality controller off: the run has no held-out bits per byte (training.json) "
@@ -1366,7 +1380,8 @@ def _controller_note(thresholds, window: int) -> str:
         )
     return (
         f"quality controller: up above {thresholds.high:.3f}, down below "
-        f"{thresholds.low:.3f} bits per byte over {window} requests ({thresholds.source})"
+        f"{thresholds.low:.3f} bits per byte over {config.window} requests "
+        f"({thresholds.source})"
     )
 
 
@@ -1386,7 +1401,7 @@ def _serve_table(result) -> None:
     emit(
         f"latency p50 {1e3 * s['latency_p50_s']:.1f} ms, p95 {1e3 * s['latency_p95_s']:.1f} ms; "
         f"mean queue wait {1e3 * s['queue_mean_s']:.1f} ms; mean prompt BPB "
-        f"{s['mean_prompt_bpb']:.3f}"
+        + ("not scored" if s["mean_prompt_bpb"] is None else f"{s['mean_prompt_bpb']:.3f}")
     )
     emit(
         f"switches: {s['router_switches']} by the router, {s['controller_moves']} by the controller"

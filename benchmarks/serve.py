@@ -29,7 +29,10 @@ bytes/s is what each way can serve. Ways of serving each trace:
 ``--out FILE`` also writes the tables and every round's figures as JSON (kind
 ``serve_benchmark``).
 
-The quality controller is off in every one, so the heads are the policy's alone. Compiling is
+The quality controller is off in every one, so the heads are the policy's alone; every
+prefill still scores its prompts (an unembedding of every prompt position: the controller's
+signal, which ``serve`` computes by default) unless ``--no-prompt-scoring`` turns that off in
+every way alike (``serve --no-prompt-scoring``). Compiling is
 left off the clock (a server compiles before it takes traffic): every way is served once to
 compile, then ``--rounds`` rounds each serve every (trace, way) once, the order rotating from
 round to round so that a load that comes and goes hurts all alike; figures are medians over the
@@ -48,7 +51,7 @@ it) on each ``--device`` (``measure``: this machine's ceilings, measured now wit
 quick probes as ``validate --device measure`` does; or a builtin name or a profile .json, a
 calibrated one from ``validate --fit`` say), priced for the device calls the run made: each
 prefill (``CostModel.prefill_time`` of its rows and padded prompt length, plus the prompt's
-scoring: an unembedding of every prompt position), each decode step (``decode_step`` of its
+scoring: an unembedding of every prompt position, where prompts are scored), each decode step (``decode_step`` of its
 head, rows and every cache position, which the engine's attention reads); regroups and the
 writes of a join are not priced.
 """
@@ -122,7 +125,8 @@ def price(result, cm: CostModel, context: int) -> float:
         tokens = float(rows * b.bucket)
         score = Op(2.0 * tokens * b.head * d, cm.w * b.head * d + 4.0 * tokens * b.head)
         total += cm.prefill_time(float(b.head), float(rows), float(b.bucket), xp=PyMath)
-        total += cm.op_time(score, xp=PyMath).t
+        if result.config.score_prompts:
+            total += cm.op_time(score, xp=PyMath).t
         if b.steps:  # static: its decode loop, one call
             total += steps(b.steps, b.head, rows)
     for c in result.chunks:
@@ -190,6 +194,11 @@ def main(argv=None) -> int:
     )
     p.add_argument("--seed", type=int, default=0, help="the traces' seed (default 0)")
     p.add_argument("--max-batch", type=int, default=32, help="serve's --max-batch (32)")
+    p.add_argument(
+        "--no-prompt-scoring",
+        action="store_true",
+        help="serve's --no-prompt-scoring in every way: prefills do not score the prompts",
+    )
     p.add_argument("--format", choices=["table", "markdown"], default="table")
     p.add_argument("--out", help="also write every round's figures as JSON")
     args = p.parse_args(argv)
@@ -220,7 +229,12 @@ def main(argv=None) -> int:
     # mixing heads or not is priced on the first --device (serve's --device), not on the
     # datasheet serve falls back to: this machine's ceilings by default
     first = next(iter(devices.values()))
-    base = ServeConfig(max_batch=args.max_batch, max_new_tokens=DEMO_NEW_TOKENS, device=first)
+    base = ServeConfig(
+        max_batch=args.max_batch,
+        max_new_tokens=DEMO_NEW_TOKENS,
+        device=first,
+        score_prompts=not args.no_prompt_scoring,
+    )
     held_out_bpt = held_out_bytes_per_token(run)
     first_model = models[next(iter(models))]  # the simulator's routes: the first --device's
 
@@ -292,6 +306,7 @@ def main(argv=None) -> int:
         argv,
         f"run {args.run} ({run.config.shape.name}, heads {', '.join(map(str, heads))}); "
         f"policy {args.policy or 'two routes: B <= 4 -> ' + str(heads[0]) + ', else ' + str(heads[-1])}; "
+        f"prompts {'not ' if args.no_prompt_scoring else ''}scored; "
         f"{args.rounds} rounds; load average {load_before[0]:.2f} before, {load_after[0]:.2f} after "
         f"({os.cpu_count()} cores)",
     )

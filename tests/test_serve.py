@@ -362,6 +362,24 @@ def test_the_serving_loop_routes_moves_and_keeps_its_clock(engine):
     ]
 
 
+@pytest.mark.parametrize("batching", ["static", "continuous"])
+def test_without_prompt_scoring_the_tokens_are_the_same_and_no_bpb_is_made(engine, batching):
+    """``score_prompts=False``: every request gets the tokens it gets with scoring, no prompt
+    bits per byte is recorded, and a quality controller, which reads them, is refused."""
+    scored = ServeConfig(max_batch=3, batching=batching)
+    plain = dataclasses.replace(scored, score_prompts=False)
+    a, b = serve(engine, trace(), ROUTES, scored), serve(engine, trace(), ROUTES, plain)
+    assert [(r.id, r.head, r.text) for r in b.requests] == [
+        (r.id, r.head, r.text) for r in a.requests
+    ]
+    assert all(r.prompt_bpb is not None for r in a.requests)
+    assert all(r.prompt_bpb is None and r.window_bpb is None for r in b.requests)
+    assert all(x.mean_bpb is None for x in b.batches)
+    assert b.summary()["mean_prompt_bpb"] is None
+    with pytest.raises(UserError, match="keep prompt scoring on"):
+        serve(engine, trace(), ROUTES, plain, thresholds=Thresholds(0.5, 0.25, "test"))
+
+
 def test_the_clock_charges_service_but_not_compiling(engine, monkeypatch):
     """With a stand-in clock, each batch takes 10 s of wall time of which the engine says 9 s
     were compiling: the virtual clock advances 1 s per batch."""
@@ -475,6 +493,16 @@ def test_the_demo_is_the_default_and_prints_a_table(files):
         assert section in out
     assert "code, burst" in out and "policy routes B=32 (B > 1) to 500" in out
     assert "demo trace (no --trace given): 136 requests" in result.stderr
+
+
+def test_no_prompt_scoring_turns_the_controller_off(files):
+    args = ["--run", files["run"], "--policy", files["policy"], "--trace", files["trace"]]
+    result = invoke(*args, "--no-prompt-scoring")
+    assert result.exit_code == 0, result.output
+    assert "quality controller off: prompts are not scored" in result.stderr
+    assert "mean prompt BPB not scored" in result.stdout
+    live = invoke(*args, "--no-prompt-scoring", "--port", "8000")  # /metrics reports the BPB
+    assert live.exit_code == 1 and "no --no-prompt-scoring" in live.stderr
 
 
 def _error(*args: str, code: int = 1) -> str:

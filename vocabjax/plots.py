@@ -127,8 +127,10 @@ def plot_serve(result, path: str | os.PathLike, *, caption: str = "") -> Path:
             ax.axvline(s.time_s, color="C3", ls=":", lw=1, label=None if i else "controller move")
     ax_head.legend(fontsize=8, loc="upper left")
     finish = [r.finish_s for r in result.requests]
-    ax_bpb.scatter(finish, [r.prompt_bpb for r in result.requests], s=6, c="0.6",
-                   label="prompt BPB (per request)")  # fmt: skip
+    scored = [(f, r.prompt_bpb) for f, r in zip(finish, result.requests, strict=True)
+              if r.prompt_bpb is not None]  # fmt: skip
+    if scored:  # none where the prompts were not scored
+        ax_bpb.scatter(*zip(*scored, strict=True), s=6, c="0.6", label="prompt BPB (per request)")
     counted: list[tuple[float, float]] = []
     offset = None
     for r in result.requests:

@@ -45,7 +45,14 @@ from vocabjax.serving.admission import MemoryPlan, admit_count, human_bytes
 from vocabjax.serving.batching import Call, Finished, Joined, Joining, RunningBatch, solo_key
 from vocabjax.serving.engine import Engine
 from vocabjax.serving.mixing import Placement, Placer, Pricer
-from vocabjax.serving.records import ServeConfig, ServedBatch, ServedChunk, ServedRequest, _Record
+from vocabjax.serving.records import (
+    ServeConfig,
+    ServedBatch,
+    ServedChunk,
+    ServedRequest,
+    _mean,
+    _Record,
+)
 from vocabjax.serving.router import RoutedBatch, Routes, route_batch
 from vocabjax.serving.trace import Request
 
@@ -65,7 +72,7 @@ class _Held:
     batch: int  # the admission it joined with
     offset: int
     prompt_tokens: int
-    prompt_bpb: float
+    prompt_bpb: float | None  # None: not scored
     window_bpb: float | None
     running: int  # requests running at its head once it joined
 
@@ -149,7 +156,7 @@ class Continuous:
             self._hold(j, kv, route, k, start, running)
             for j, kv in zip(joined, need[:n], strict=True)
         ]
-        self._record_admission(k, start, calls, route, n, sum(bpbs) / n, running, batch, place)
+        self._record_admission(k, start, calls, route, n, _mean(bpbs), running, batch, place)
         if wait == "memory":  # said once the others have joined: what they hold
             self._wait_for_memory(list(self.waiting), head, need[n], alone=False)
         self._finish(finished)
@@ -163,7 +170,7 @@ class Continuous:
         calls: Sequence[Call],
         route: RoutedBatch,
         n: int,
-        mean_bpb: float,
+        mean_bpb: float | None,
         running: int,
         batch: RunningBatch,
         place: Placement,
@@ -197,13 +204,15 @@ class Continuous:
 
     def _hold(
         self, j: Joined, kv: int, route: RoutedBatch, k: int, start: float, running: int
-    ) -> float:
+    ) -> float | None:
         """A joined request is held with its KV bytes, and its prompt's bits per byte (the
-        quality controller's observation, returned) recorded for batch ``k``."""
+        quality controller's observation, returned; None when prompts are not scored)
+        recorded for batch ``k``."""
         prompt = self.queue[j.tag].prompt.encode("utf-8")
-        assert j.prompt_nats is not None  # score=True
-        bpb = j.prompt_nats / (math.log(2) * len(prompt))
-        window = self.record.observe(bpb, len(prompt), route, k, self.now)
+        bpb = window = None
+        if j.prompt_nats is not None:
+            bpb = j.prompt_nats / (math.log(2) * len(prompt))
+            window = self.record.observe(bpb, len(prompt), route, k, self.now)
         self.held[j.tag] = _Held(
             route.head, kv, start, k, route.offset, j.prompt_tokens, bpb, window, running
         )
@@ -284,7 +293,11 @@ class Continuous:
 
         def new() -> RunningBatch:
             batch = RunningBatch(
-                self.engine, head, self.config.sampling, max_rows=self.config.max_batch, score=True
+                self.engine,
+                head,
+                self.config.sampling,
+                max_rows=self.config.max_batch,
+                score=self.config.score_prompts,
             )
             self.numbers[batch] = len(self.numbers)
             return batch

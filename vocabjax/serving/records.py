@@ -59,6 +59,10 @@ class ServeConfig:
     mixing: Mixing = "auto"
     # the device the cost model prices that choice on; None: mixing.default_device()
     device: DeviceProfile | None = None
+    # each prompt's bits per byte under its head (the prefill also scores the prompt: an
+    # unembedding of every prompt position), the quality controller's signal; off: no scoring,
+    # no prompt bits per byte, and no controller
+    score_prompts: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "max_new_tokens", "window", "progress_every"):
@@ -76,7 +80,7 @@ class ServeConfig:
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> ServeConfig:
         """The config of ``serve``'s options (cli.py's names: max_batch, max_new_tokens, window,
-        temperature, top_k, seed, batching, memory, mixing, device_spec)."""
+        temperature, top_k, seed, batching, memory, mixing, device_spec, score_prompts)."""
         spec = options["device_spec"]
         return cls(
             max_batch=options["max_batch"],
@@ -87,6 +91,7 @@ class ServeConfig:
             memory_bytes=options["memory"],
             mixing=options["mixing"],
             device=load_device(spec) if spec else None,
+            score_prompts=options.get("score_prompts", True),
         )
 
     def rows(self, batch: int) -> int:
@@ -112,7 +117,7 @@ class ServedRequest:
     prompt_tokens: int  # with the separator
     new_tokens: int
     prompt_bytes: int
-    prompt_bpb: float  # bits per byte of the prompt under ``head``
+    prompt_bpb: float | None  # bits per byte of the prompt under ``head`` (None: not scored)
     window_bpb: float | None  # the controller's windowed mean after it (None: not counted)
     stop: str
     text: str  # what was generated
@@ -159,7 +164,7 @@ class ServedBatch:
     impl: str  # the unembedding implementation impl="auto" picked for (head, rows)
     impl_reason: str
     new_tokens: int
-    mean_bpb: float  # mean prompt bits per byte of its requests
+    mean_bpb: float | None  # mean prompt bits per byte of its requests (None: not scored)
     running: int | None = None  # requests running at its head once it was admitted
     kv_bytes: int | None = None  # KV cache the running requests of every head reserve then
     steps: int | None = None  # static: the decode steps the batch ran
@@ -240,8 +245,10 @@ def _round(x: float | None, digits: int) -> float | None:
     return None if x is None or not math.isfinite(x) else round(x, digits)
 
 
-def _mean(xs: Sequence[float]) -> float | None:
-    return sum(xs) / len(xs) if xs else None
+def _mean(xs: Sequence[float | None]) -> float | None:
+    """The mean of the figures that are there (None where none is)."""
+    there = [x for x in xs if x is not None]
+    return sum(there) / len(there) if there else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -455,8 +462,7 @@ class _Record:
         finish = start_s + service_s
         b = len(admitted)
         for r, c in zip(admitted, gen.completions, strict=True):
-            bpb = c.prompt_bpb
-            assert bpb is not None  # score=True
+            bpb = c.prompt_bpb  # None when the prompts were not scored
             self.served.append(
                 ServedRequest(
                     id=r.id,
@@ -471,7 +477,9 @@ class _Record:
                     new_tokens=len(c.tokens),
                     prompt_bytes=c.prompt_bytes,
                     prompt_bpb=bpb,
-                    window_bpb=self.observe(bpb, c.prompt_bytes, route, k, finish),
+                    window_bpb=None
+                    if bpb is None
+                    else self.observe(bpb, c.prompt_bytes, route, k, finish),
                     stop=c.stop,
                     text=c.text,
                     running=b,
@@ -493,7 +501,7 @@ class _Record:
                 impl_reason=gen.impl_reason,
                 new_tokens=sum(len(c.tokens) for c in gen.completions),
                 steps=gen.decode_steps,
-                mean_bpb=sum(s.prompt_bpb for s in self.served[-b:]) / b,
+                mean_bpb=_mean([s.prompt_bpb for s in self.served[-b:]]),
                 running=b,
             )
         )

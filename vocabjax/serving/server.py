@@ -88,6 +88,11 @@ def serve(
     config = config or ServeConfig()
     if not requests:
         raise UserError("the trace holds no requests")
+    if thresholds is not None and not config.score_prompts:
+        raise UserError(
+            "the quality controller reads each prompt's bits per byte: keep prompt scoring on "
+            "with it, or give no thresholds"
+        )
     queue = sorted(requests, key=lambda r: r.arrival_s)
     check_prompts(engine.run, queue)
     heads = tuple(sorted(engine.run.heads))
@@ -144,7 +149,10 @@ def live_server(
 ) -> LiveServer:
     """The engine loop for live traffic (``live.py``) over the inputs' run, routes and
     thresholds, admitting within the KV plan of ``config.memory_bytes`` for traffic like
-    ``inputs.requests`` (a trace, or the demo's)."""
+    ``inputs.requests`` (a trace, or the demo's). It always scores prompts: ``/metrics``
+    reports their windowed bits per byte."""
+    if not config.score_prompts:
+        raise UserError("live serving reports windowed bits per byte: keep prompt scoring on")
     log = progress or (lambda _line: None)
     plan = memory_plan(inputs.run, inputs.requests, config, log)
     engine = Engine(inputs.run)
@@ -209,7 +217,7 @@ def _run_batch(
         head=head,
         max_new_tokens=[r.max_new_tokens or config.max_new_tokens for r in admitted],
         sampling=sampling,
-        score=True,
+        score=config.score_prompts,
         pad_batch_to=config.rows(len(admitted)),
     )
     service = time.perf_counter() - started - gen.compile_s
