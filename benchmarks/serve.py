@@ -51,9 +51,11 @@ it) on each ``--device`` (``measure``: this machine's ceilings, measured now wit
 quick probes as ``validate --device measure`` does; or a builtin name or a profile .json, a
 calibrated one from ``validate --fit`` say), priced for the device calls the run made: each
 prefill (``CostModel.prefill_time`` of its rows and padded prompt length, plus the prompt's
-scoring: an unembedding of every prompt position, where prompts are scored), each decode step (``decode_step`` of its
-head, rows and every cache position, which the engine's attention reads); regroups and the
-writes of a join are not priced.
+scoring: an unembedding of every prompt position, where prompts are scored), each decode call
+of k steps (k ``decode_step`` of its head, rows and every cache position, which the engine's
+attention reads, priced as a loop of k steps per call: one host call, and the steps after the
+first reading what fits a calibrated profile's cache); regroups and the writes of a join are
+not priced.
 """
 
 from __future__ import annotations
@@ -111,13 +113,17 @@ def describe(routes) -> str:
 
 def price(result, cm: CostModel, context: int) -> float:
     """Predicted seconds of the device calls a served trace made (module doc): a decode call
-    of k steps is one host call (the profile's dispatch overhead once) and k steps."""
+    of k steps is one host call and k steps, priced as the cost model prices a loop of k
+    steps per call (the profile's dispatch overhead once, and the steps after the first
+    reading what fits its cache: ``Settings.steps_per_call``)."""
     d = float(cm.shape.d_model)
-    dispatch = cm.device.dispatch_overhead_s
+    loops: dict[int, CostModel] = {}
 
     def steps(k: int, head: int, rows: int) -> float:
-        step = cm.decode_step(float(head), float(rows), float(context), xp=PyMath)
-        return k * (step - dispatch) + dispatch
+        if k not in loops:
+            settings = dataclasses.replace(cm.settings, steps_per_call=k)
+            loops[k] = CostModel(cm.device, cm.shape, settings)
+        return k * loops[k].decode_step(float(head), float(rows), float(context), xp=PyMath)
 
     total = 0.0
     for b in result.batches:
