@@ -128,10 +128,10 @@ def price(result, cm: CostModel, context: int) -> float:
     total = 0.0
     for b in result.batches:
         rows = b.rows if result.config.batching == "static" else 1 << (b.batch - 1).bit_length()
-        tokens = float(rows * b.bucket)
-        score = Op(2.0 * tokens * b.head * d, cm.w * b.head * d + 4.0 * tokens * b.head)
         total += cm.prefill_time(float(b.head), float(rows), float(b.bucket), xp=PyMath)
         if result.config.score_prompts:
+            tokens = float(rows * b.bucket)
+            score = Op(2.0 * tokens * b.head * d, cm.w * b.head * d + 4.0 * tokens * b.head)
             total += cm.op_time(score, xp=PyMath).t
         if b.steps:  # static: its decode loop, one call
             total += steps(b.steps, b.head, rows)

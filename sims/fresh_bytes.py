@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import statistics
 import sys
 
 import _common  # noqa: F401  (puts the checkout on sys.path)
@@ -41,17 +40,6 @@ RUNS = {
 }
 PAGE = 4096
 MiB = 2.0**20
-
-
-def label(p: dict) -> str:
-    """A point's label (``Point.label``) from its JSON fields."""
-    parts = [p["family"], p["shape"]]
-    if p["vocab"] is not None:
-        parts.append(f"V={p['vocab']}")
-    parts.append(f"B={p['batch']}")
-    if p["context"] is not None:
-        parts.append(f"T={p['context']}")
-    return " ".join(parts)
 
 
 def fresh_of(run) -> dict[str, float | None]:
@@ -82,35 +70,34 @@ def build(grid: str, paths) -> None:
     print(f"{grid}: building {len(run.results)} points", file=sys.stderr)
     fresh = fresh_of(run)
     for path, doc in zip(paths, docs, strict=True):
-        for p in doc["points"]:
-            p["fresh_bytes"] = fresh[label(p)]
+        # each point's label as validate reads it, in the order of the file's points
+        labels = [r.point.label() for r in validation.read_validation(path).results]
+        for p, name in zip(doc["points"], labels, strict=True):
+            p["fresh_bytes"] = fresh[name]
         atomic_write_json(path, doc)
         print(f"wrote {path.relative_to(ROOT)}", file=sys.stderr)
 
 
 def table(grid: str, paths) -> list[str]:
-    """The steps of ``grid`` that map memory afresh or fault: XLA's figure and the counts."""
-    docs = [json.loads(p.read_text()) for p in paths]
-    counted: dict[str, list[float]] = {}
-    for doc in docs:
-        for q in doc["points"]:
-            counted.setdefault(label(q), []).append(q["faults_per_call"])
+    """The steps of ``grid`` that map memory afresh or fault: XLA's figure and the counts (each
+    point's median over the runs, as ``combine_runs`` takes it)."""
+    combined = validation.read_validations(paths)
     lines = [
         f"## The {grid} grid, runs 6-10",
         "",
         "| step | XLA's temporaries mapped afresh, MiB | page faults counted, MiB | counted / XLA |",
         "|---|---:|---:|---:|",
     ]
-    for p in docs[0]["points"]:
-        if p["family"] not in ("decode", "prefill", "train"):
+    for r in combined.results:
+        if r.point.family not in ("decode", "prefill", "train"):
             continue
-        if "fresh_bytes" not in p:
+        if r.fresh_bytes is None:
             raise SystemExit(f"{paths[0].name} has no fresh_bytes: run with --build first")
-        faults = statistics.median(counted[label(p)]) * PAGE / MiB
-        mapped = (p["fresh_bytes"] or 0.0) / MiB
+        faults = r.faults_per_call * PAGE / MiB
+        mapped = r.fresh_bytes / MiB
         if mapped or faults > 1.0:
             ratio = f"{faults / mapped:.2f}" if mapped else "-"
-            lines.append(f"| {label(p)} | {mapped:.1f} | {faults:.1f} | {ratio} |")
+            lines.append(f"| {r.point.label()} | {mapped:.1f} | {faults:.1f} | {ratio} |")
     return lines
 
 
