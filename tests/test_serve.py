@@ -362,6 +362,7 @@ def test_the_serving_loop_routes_moves_and_keeps_its_clock(engine):
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batching", ["static", "continuous"])
 def test_without_prompt_scoring_the_tokens_are_the_same_and_no_bpb_is_made(engine, batching):
     """``score_prompts=False``: every request gets the tokens it gets with scoring, no prompt
@@ -495,6 +496,7 @@ def test_the_demo_is_the_default_and_prints_a_table(files):
     assert "demo trace (no --trace given): 136 requests" in result.stderr
 
 
+@pytest.mark.slow
 def test_no_prompt_scoring_turns_the_controller_off(files):
     args = ["--run", files["run"], "--policy", files["policy"], "--trace", files["trace"]]
     result = invoke(*args, "--no-prompt-scoring")
