@@ -261,7 +261,8 @@ def _cost_options(f):
         click.option(
             "--fused-logits",
             is_flag=True,
-            help="Assume fused unembedding + sampling: the B x V logits never reach memory.",
+            help="Assume fused unembedding + sampling (and a fused cross-entropy in training): "
+            "the logits never reach memory.",
         ),
         click.option(
             "--include-prefill",

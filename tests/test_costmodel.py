@@ -56,15 +56,39 @@ def test_hand_checked_decode_cost():
     expected = step / (B * beta)
     assert cm.c_infer(V, B, xp=PyMath) == pytest.approx(expected, rel=1e-12)
     assert float(cm.c_infer(jnp.float32(V), jnp.float32(B))) == pytest.approx(expected, rel=1e-5)
-    # training: 6 (N_nv + V D) + 6 L T_train H Dh FLOPs per token at peak, and AdamW's f32
-    # pass over every parameter (32 bytes each) once per 2^20-token step, per byte
-    optimizer = 32 * (n_nv + 2 * V * D) / BW / 2**20
-    c_train = ((6 * (n_nv + V * D) + 6 * L * 2048 * 4 * 16) / P + optimizer) / beta
+    # training, one 2^20-token step of 2048-token windows, per token: the matmuls' 6 (N_nv + V D)
+    # FLOPs (their three passes over weights and activations), the windows' causal attention
+    # (three times 2 T H Dh L FLOPs and the K/V read per token), the elementwise kernels three
+    # times, the loss's six f32 passes over the logits, and AdamW's f32 pass over every
+    # parameter (32 bytes each) once per step; then per byte
+    n = 2.0**20
+    weights = w * (n_nv + V * D) / n
+    act_train = L * (4 * 64 + 2 * (4 + 2) * 16 + 2 * 256) * 2 + 2 * D * 2
+    t_matmuls = max(6 * (n_nv + V * D) / P, 3 * (weights + act_train) / BW)
+    t_attention = 3 * max(2 * 2048 * 4 * 16 * L / P, 2048 * 2 * 2 * 16 * k * L / 2048 / BW)
+    t_norms = 3 * max(4 * L * D / P, L * (10 * 64 + 2 * 256) * 2 / BW)
+    t_loss = max(4 * V / P, 6 * V * 4 / BW)
+    optimizer = 32 * (n_nv + 2 * V * D) / BW / n
+    c_train = (t_matmuls + t_attention + t_norms + t_loss + optimizer) / beta
     assert cm.c_train(V, xp=PyMath) == pytest.approx(c_train, rel=1e-12)
     # KV plan: ((S_in + S_out) / beta) 2 L K Dh k bytes per sequence
     kv = (600 / beta) * 2 * 2 * 2 * 16 * 2
     assert cm.kv_bytes_per_seq(V, xp=PyMath) == pytest.approx(kv)
     assert cm.b_max(V, xp=PyMath) == math.floor((1e9 - w * (n_nv + 2 * V * D)) / kv)
+
+
+def test_fused_logits_keep_the_training_loss_off_memory():
+    """The loss's passes over the logits cost memory unless the cross-entropy is fused; its
+    FLOPs stay, and so does every other op of the step."""
+    plain = CostModel(ROUND, TINY, Settings(), FLAT)
+    fused = CostModel(ROUND, TINY, Settings(fused_logits=True), FLAT)
+    ops, ops_fused = plain.train_ops(32000.0, 4096.0), fused.train_ops(32000.0, 4096.0)
+    assert ops["loss"].bytes == 6 * 4096 * 32000 * 4 and ops_fused["loss"].bytes == 0
+    assert ops_fused["loss"].flops == ops["loss"].flops
+    assert {k: v for k, v in ops.items() if k != "loss"} == {
+        k: v for k, v in ops_fused.items() if k != "loss"
+    }
+    assert fused.c_train(32000.0, xp=PyMath) < plain.c_train(32000.0, xp=PyMath)
 
 
 def test_weights_only_drops_attention_and_kv():

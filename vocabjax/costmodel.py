@@ -52,7 +52,8 @@ class Settings:
     weight_dtype: str = "bf16"  # w: storage of weights (and the dtype of the matmul peak)
     kv_dtype: str = "bf16"  # k: storage of the KV cache
     act_dtype: str = "bf16"  # storage of activations between ops
-    fused_logits: bool = False  # unembedding + sampling fused: the B x V logits never hit memory
+    # unembedding + sampling fused, and training's cross-entropy: the logits never hit memory
+    fused_logits: bool = False
     include_prefill: bool = False  # charge each sequence's prompt prefill to its output bytes
     launches_per_layer: int = 8  # kernel launches per layer per step (norms, matmuls, attention)
     train_seq_tokens: int = 2048  # training context length, tokens
@@ -123,12 +124,16 @@ OPTIMIZER_BYTES_PER_PARAM = 32.0
 # the forward, the backward to the activations and the backward to the weights: each a pass
 # over every matmul's weights and activations
 TRAIN_PASSES = 3.0
+# the cross-entropy's f32 passes over the logits: the head's matmul writes them, the loss reads
+# them, its backward reads them again and writes their gradient, which the head's two backward
+# matmuls (to the hidden states, to the weights) each read
+LOSS_PASSES = 6.0
 PREFILL_HEAD_OPS = 2  # launches of the prefill's head: the last token's logits and their max
 # the families of priced time that ``CostModel.scaled`` can stretch one by one: the ops of
 # decode, prefill and the training step by name, and "overhead" for kernel launches and host calls
 OP_FAMILIES: tuple[str, ...] = (
     "embedding", "backbone", "elementwise", "attention", "unembedding", "sampling", "train",
-    "optimizer", "overhead",
+    "train_elementwise", "loss", "train_attention", "optimizer", "overhead",
 )  # fmt: skip
 
 
@@ -150,6 +155,11 @@ def op_seconds(t_math, t_mem, overlap, *, xp):
     that the device does not overlap with it (``DeviceProfile.overlap``; 1: the roofline's
     max)."""
     return xp.maximum(t_math, t_mem) + (1.0 - overlap) * xp.minimum(t_math, t_mem)
+
+
+def _passes(op: Op, kind: str) -> Op:
+    """``op`` done ``TRAIN_PASSES`` times (a training step's forward and backward), as ``kind``."""
+    return Op(TRAIN_PASSES * op.flops, TRAIN_PASSES * op.bytes, TRAIN_PASSES * op.kernels, kind)
 
 
 def arithmetic_intensity(op: Op) -> float:
@@ -454,10 +464,21 @@ class CostModel:
         return flops
 
     def train_ops(self, vocab, tokens) -> dict[str, Op]:
-        """One optimizer step over ``tokens`` tokens: the forward and backward (kind "train":
-        ``train_flops_per_token`` FLOPs; ``TRAIN_PASSES`` passes over the matmuls' weights and
-        activations, the head's included) and the optimizer's pass over every parameter (kind
-        "optimizer", memory only: ``OPTIMIZER_BYTES_PER_PARAM`` bytes each)."""
+        """One optimizer step over ``tokens`` tokens in windows of ``train_seq_tokens``:
+
+        - train: the matmuls' forward and backward, 6 (N_nv + V D) FLOPs per token and
+          ``TRAIN_PASSES`` passes over their weights and activations, the head's included;
+        - train_attention (full mode): each window attending over itself, ``TRAIN_PASSES``
+          times the prompt pass's attention (``Settings.attention``), at the attention rate;
+        - train_elementwise: the layers' norms, activations and residual adds, forward and
+          backward (``TRAIN_PASSES`` times the prompt pass's);
+        - loss: the cross-entropy's ``LOSS_PASSES`` passes over the tokens x V f32 logits
+          (none with ``fused_logits``: a fused cross-entropy keeps them on chip);
+        - optimizer: AdamW's pass over every parameter (memory only,
+          ``OPTIMIZER_BYTES_PER_PARAM`` bytes each).
+
+        Every op but the attention and the optimizer runs at the profile's training scale
+        (kind "train"): the backward's kernels are not the forward GEMMs the tables describe."""
         m = self.shape
         d, L = float(m.d_model), float(m.n_layers)
         params = float(m.n_nonembedding) + 2.0 * vocab * d
@@ -465,15 +486,27 @@ class CostModel:
             self.w * (float(m.n_nonembedding) + vocab * d)
             + tokens * (L * self._act_width + 2.0 * d) * self.a
         )
-        return {
+        ops = {
             "train": Op(
-                tokens * self.train_flops_per_token(vocab),
+                tokens * 6.0 * (float(m.n_nonembedding) + vocab * d),
                 TRAIN_PASSES * matmuls,
                 TRAIN_PASSES * (L * MATMULS_PER_LAYER + 1.0),
                 "train",
             ),
+            "train_elementwise": _passes(self._layers(tokens)["elementwise"], "train"),
+            "loss": Op(
+                ELEMENTWISE_FLOPS * tokens * vocab,
+                0.0 if self.settings.fused_logits else LOSS_PASSES * tokens * vocab * LOGIT_BYTES,
+                LOSS_PASSES,
+                "train",
+            ),
             "optimizer": Op(0.0 * vocab, OPTIMIZER_BYTES_PER_PARAM * params, kind="optimizer"),
         }
+        if self.settings.full:
+            seq = float(self.settings.train_seq_tokens)
+            window = self._attention(tokens / seq, seq, seq, causal=True)
+            ops["train_attention"] = _passes(window, "attention")
+        return ops
 
     def train_step(self, vocab, tokens, *, xp=jnp):
         """Seconds for one optimizer step over ``tokens`` tokens: its ops plus one host call."""

@@ -127,11 +127,10 @@ def _launch(cm: CostModel, n: float) -> tuple[float, float]:
 
 def train_rows(cm: CostModel, vocab: int, batch: int, seq: int) -> tuple[OpRow, ...]:
     """One training step of ``batch`` windows of ``seq`` tokens, priced as ``c_train`` prices
-    an optimizer step (``CostModel.train_ops``): the forward and backward FLOPs, 6 (N_nv + V D)
-    per token for the matmuls plus 6 L T H Dh for attention (Kaplan et al. 2020, without the
-    causal halving), at the compute rate times the training efficiency; and AdamW's f32 pass
-    over every parameter at the memory rate. Norms, softmax, activations' traffic and kernel
-    launches are not modelled."""
+    an optimizer step (``CostModel.train_ops``): the matmuls' forward and backward, 6 (N_nv +
+    V D) FLOPs per token (Kaplan et al. 2020), the windows' attention, the layers' elementwise
+    kernels, the loss's passes over the logits and AdamW's f32 pass over every parameter.
+    Kernel launches are not charged (one host call is)."""
     ops = cm.train_ops(float(vocab), float(batch * seq))
     return tuple(_row(k, op, cm.op_time(op, xp=PyMath)) for k, op in ops.items())
 
