@@ -1576,15 +1576,16 @@ def autotune(vocab, batch, d_model, dtype, ops, quick, out, fmt):
     type=click.Path(dir_okay=False),
     multiple=True,
     help="Time nothing: read a run that --out saved and price its measured points again with "
-    "today's cost model (and --fit them). Repeat it to combine runs of one grid: each "
-    "point's median over them.",
+    "today's cost model (and --fit them). Repeat it to combine runs: each point's median over "
+    "the runs that timed it (runs of several grids, full and loops, give their union).",
 )
 @click.option(
     "--grid",
     "grid_name",
-    type=click.Choice(["full", "quick", "test"]),
-    hidden=True,
-    help="A preset grid by name (test: seconds, for the test suite).",
+    type=click.Choice(["full", "quick", "loops", "test"]),
+    help="A preset grid by name [default: full; --quick: quick]: loops times decode loops of "
+    "1, 8 and 32 steps a call alone, to fit beside the full grid (test: seconds, for the "
+    "test suite).",
 )
 @click.option(
     "--fit",
@@ -1624,6 +1625,8 @@ def validate(device, quick, by_shape, grid_name, saved, fit, fit_on, save_profil
         python cli.py validate --quick --fit --save-profile profiles/cpu-calibrated.json
         python cli.py validate --from validation.json --fit      # refit a saved run
         python cli.py validate --from run1.json --from run2.json --from run3.json --fit
+        python cli.py validate --grid loops --out loops.json     # decode loops, 1-32 steps
+        python cli.py validate --from run1.json --from loops.json --fit
     """
     from vocabjax import validation
     from vocabjax.hardware import save_device

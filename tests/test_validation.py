@@ -27,6 +27,7 @@ from vocabjax.hardware import BUILTIN_DEVICES, DeviceProfile, save_device
 from vocabjax.shapes import BUILTIN_SHAPES, ModelShape
 from vocabjax.validation import FAMILIES, Grid, Point, get_grid, predict, timing
 from vocabjax.validation import run as validation_run
+from vocabjax.validation.fit import sample
 from vocabjax.validation.grid import OP_FAMILIES, STEP_FAMILIES, W512_GQA
 
 PEAK, BANDWIDTH, LAUNCH = 1.0e11, 2.0e10, 1.0e-5  # a CPU-like profile: ridge 5 FLOP/byte
@@ -337,6 +338,27 @@ def test_presets_cover_the_issue_grid(name):
 def test_a_grid_refuses_contexts_inside_the_timed_steps():
     with pytest.raises(UserError, match="must exceed decode_steps=8"):
         Grid(**{**vars(get_grid("test")), "contexts": (8,), "decode_steps": 8})
+    with pytest.raises(UserError, match="must exceed decode_steps=32"):  # the longest loop
+        Grid(**{**vars(get_grid("test")), "loop_steps": (1, 32)})
+    for bad, message in (((4,), "repeat a length"), ((0,), "positive integers")):
+        with pytest.raises(UserError, match=message):
+            Grid(**{**vars(get_grid("test")), "loop_steps": bad})
+
+
+def test_the_loops_grid_times_each_decode_configuration_at_three_lengths():
+    grid = get_grid("loops")
+    decode = [p for p in grid.points() if p.family == "decode"]
+    assert {p.family for p in grid.points()} == {"decode", "attention"}
+    by_config: dict[str, set[int]] = {}
+    for p in decode:
+        by_config.setdefault(p.configuration(), set()).add(p.per_call(grid.decode_steps))
+    assert set(map(frozenset, by_config.values())) == {frozenset({1, 8, 32})}
+    p = decode[1]
+    assert p.label() == f"{p.configuration()} S={p.steps}" and decode[0].label() == (
+        decode[0].configuration()
+    )
+    # priced per step of its own loop: one host call shared by its steps
+    assert predict(p, CPU_PROFILE, decode_steps=8).calls == 1 / p.steps
 
 
 def test_points_over_the_flop_cap_are_left_out(monkeypatch):
@@ -467,7 +489,7 @@ def test_help_has_an_example():
     result = invoke("--help")
     assert result.exit_code == 0
     assert "python cli.py validate --quick" in result.stdout
-    assert "--grid" not in result.stdout  # the test grid's option is hidden
+    assert "--grid" in result.stdout and "loops" in result.stdout  # the loops grid, named
 
 
 @pytest.mark.slow
@@ -692,11 +714,15 @@ def test_runs_combine_into_each_points_median(monkeypatch, tmp_path, profile_pat
     assert validation.read_validations(paths[:1]).runs == 1  # one run is itself
 
 
-@pytest.mark.parametrize("edit", ["grid", "points"])
-def test_runs_of_different_grids_do_not_combine(monkeypatch, tmp_path, profile_path, edit):
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [("loops", "only runs that loop alike combine"), ("points", "combine only alike")],
+)
+def test_runs_that_disagree_do_not_combine(monkeypatch, tmp_path, profile_path, edit, message):
+    """Runs whose decode loops run other lengths, or runs of one grid with other points."""
     a, b = _runs(monkeypatch, tmp_path, profile_path, (1e-3, 2e-3))
     data = json.loads(b.read_text())
-    if edit == "grid":
+    if edit == "loops":
         data["grid"]["decode_steps"] += 1
     else:
         data["points"].pop()
@@ -704,7 +730,49 @@ def test_runs_of_different_grids_do_not_combine(monkeypatch, tmp_path, profile_p
     result = invoke("--from", str(a), "--from", str(b))
     assert result.exit_code == 1 and "Traceback" not in result.output
     errors = [x for x in result.output.splitlines() if x.startswith("Error:")]
-    assert len(errors) == 1 and "only runs of one grid combine" in errors[0], result.output
+    assert len(errors) == 1 and message in errors[0], result.output
+
+
+def test_runs_of_two_grids_combine_into_their_union(monkeypatch, tmp_path, profile_path):
+    """A run of the test grid and one of the same grid with decode loops of 1 and 8 steps too
+    (``loop_steps``): the union of their points, the shared ones the median of both runs; the
+    longer loops priced at their own steps per call, each configuration's loops fitted or held
+    out together."""
+
+    def timed(scale):  # each point's time by its label, so the runs' shared points agree
+        def fake(points, grid, **kw):
+            return [(scale * (1 + len(p.label()) % 3), 0.5, 10.0, 0.0) for p in points]
+
+        monkeypatch.setattr(validation_run, "measure", fake)
+
+    a, b = tmp_path / "test.json", tmp_path / "loops.json"
+    timed(1e-3)
+    assert invoke("--grid", "test", "--device", str(profile_path), "--out", str(a)).exit_code == 0
+    loops = dataclasses.replace(get_grid("test"), name="test-loops", loop_steps=(1, 8))
+    monkeypatch.setattr(validation_run, "get_grid", lambda name: loops)
+    timed(3e-3)
+    assert invoke("--grid", "test", "--device", str(profile_path), "--out", str(b)).exit_code == 0
+    runs = [validation.read_validation(p) for p in (a, b)]
+    both = validation.read_validations([a, b])
+    labels = [r.point.label() for r in both.results]
+    assert len(labels) == len(set(labels)) == len(runs[1].results) > len(runs[0].results)
+    first = {r.point.label(): r.measured_s for r in runs[0].results}
+    second = {r.point.label(): r.measured_s for r in runs[1].results}
+    for r in both.results:
+        label = r.point.label()
+        times = [t[label] for t in (first, second) if label in t]
+        assert r.measured_s == statistics.median(times) and both.runs == 2
+        if r.point.family == "decode":
+            steps = r.point.steps or loops.decode_steps
+            assert r.prediction.calls == pytest.approx(1 / steps)
+    one = [r for r in both.results if r.point.steps == 1]
+    assert one and all(r.point.label().endswith(" S=1") for r in one)
+    # the split goes by configuration: a decode configuration's loops are fitted or held out
+    # together, and every other point splits as before (its configuration is its label)
+    for r in both.results:
+        s = sample(r)
+        assert s.key == r.point.label() and s.split_key == r.point.configuration()
+        assert (s.split_key == s.key) == (r.point.steps is None)
 
 
 @pytest.mark.slow

@@ -123,6 +123,13 @@ class Sample:
     # memory the measured call maps afresh, per measured unit (a decode step: its share of the
     # loop's call); touching it costs its page faults (``DeviceProfile.fresh_bandwidth``)
     fresh_bytes: float = 0.0
+    # what decides the split where several points are one configuration (a decode loop timed
+    # at several lengths): they are fitted or held out together. "" : the key
+    group: str = ""
+
+    @property
+    def split_key(self) -> str:
+        return self.group or self.key
 
     def __post_init__(self) -> None:
         if self.working_bytes is None:
@@ -291,8 +298,8 @@ def fit_profile(
 
 def _split(samples: Sequence[Sample]) -> tuple[list[Sample], list[Sample]]:
     """(fit, held out) by ``is_held_out``; a UserError when either is too small to fit on."""
-    fit = [s for s in samples if not is_held_out(s.key)]
-    held = [s for s in samples if is_held_out(s.key)]
+    fit = [s for s in samples if not is_held_out(s.split_key)]
+    held = [s for s in samples if is_held_out(s.split_key)]
     if len(fit) < MIN_FIT_SAMPLES:
         raise UserError(
             f"fitting {N_PARAMS} parameters needs at least {MIN_FIT_SAMPLES} points in the fit "

@@ -22,6 +22,7 @@ def sample(r: Result) -> Sample:
     fixed = sum(o.t for o in r.prediction.ops if o.bound == "measured")
     return Sample(
         key=r.point.label(),
+        group=r.point.configuration(),
         family=r.point.family,
         flops=tuple(o.flops for o in ops),
         nbytes=tuple(o.bytes or 0.0 for o in ops),

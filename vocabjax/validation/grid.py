@@ -12,8 +12,9 @@ Families (one vocabulary across code, JSON and docs):
 A grid is a frozen description; :meth:`Grid.points` lists its points: decode and prefill over
 (V, B, T), attention over (B, T) of the decode points (it reads their caches), training over
 (train V, train B) at one sequence length, backbone over B and unembedding over (V, B) of the
-op axes. Three presets:
-``GRIDS["full"]`` (the default of ``validate``), ``"quick"`` (minutes on two CPU cores) and
+op axes; each decode point also at the grid's ``loop_steps`` (more steps per call). Presets:
+``GRIDS["full"]`` (the default of ``validate``), ``"quick"`` (minutes on two CPU cores),
+``"loops"`` (decode loops of 1, 8 and 32 steps per call alone, to fit beside the full grid) and
 ``"test"`` (seconds, for the test suite). Shapes beyond ``tiny`` are synthetic, GPT-like (MHA,
 4D GELU MLP) or Llama-like (GQA, SwiGLU), sized so that on a two-core CPU a step at B = 1 reads
 its weights from memory (memory-bound) and one at B >= 16 is compute-bound.
@@ -52,12 +53,20 @@ class Point:
     batch: int  # B, rows (sequences) per call
     vocab: int | None = None  # V of the head; None for ops that do not read it
     context: int | None = None  # T: KV-cache positions (decode, attention), prompt or sequence
+    # a decode point's steps per call where it is one of its grid's ``loop_steps``; None: the
+    # grid's ``decode_steps`` (and every other family)
+    steps: int | None = None
 
     @property
     def kind(self) -> str:
         return "step" if self.family in STEP_FAMILIES else "op"
 
     def label(self) -> str:
+        return self.configuration() + ("" if self.steps is None else f" S={self.steps}")
+
+    def configuration(self) -> str:
+        """The label without the loop length: a decode configuration timed at several loop
+        lengths is one configuration (the fit's split keeps them together)."""
         parts = [self.family, self.shape.name]
         if self.vocab is not None:
             parts.append(f"V={self.vocab}")
@@ -66,12 +75,19 @@ class Point:
             parts.append(f"T={self.context}")
         return " ".join(parts)
 
+    def per_call(self, decode_steps: int) -> int:
+        """Units of the point's measured time in one timed call: a decode point's loop steps
+        (its own ``steps``, else its grid's ``decode_steps``), 1 for every other family."""
+        if self.family != "decode":
+            return 1
+        return decode_steps if self.steps is None else self.steps
+
 
 @dataclasses.dataclass(frozen=True)
 class Grid:
     """Which points to time and how hard; every family crosses its own axes below."""
 
-    name: str  # "full", "quick", "test", or a caller's own
+    name: str  # "full", "quick", "loops", "test", or a caller's own
     shapes: tuple[ModelShape, ...]  # models, each timed as its own round-robin group
     vocabs: tuple[int, ...]  # V of decode and prefill points
     batches: tuple[int, ...]  # B of decode, prefill and attention points
@@ -83,6 +99,9 @@ class Grid:
     op_vocabs: tuple[int, ...]  # V of unembedding points
     op_batches: tuple[int, ...]  # B of backbone and unembedding points
     decode_steps: int = 8  # decode steps per timed call of the engine's loop (per-step = / n)
+    # more loop lengths at which every decode point is timed too (``Point.steps``): a call's
+    # fixed cost and its steps' cost then part in the fit
+    loop_steps: tuple[int, ...] = ()
     max_flops: float = 2e11  # points whose timed call needs more FLOPs are left out
     timing: TimingSettings = dataclasses.field(
         default_factory=lambda: TimingSettings(warmup=2, repeats=7, min_repeats=3)
@@ -95,10 +114,19 @@ class Grid:
             for v in getattr(self, axis):
                 if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                     raise UserError(f"grid {self.name!r}: {axis} must be positive integers")
-        if any(t < self.decode_steps + 1 for t in self.contexts):
+        loops = (self.decode_steps, *self.loop_steps)
+        if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in loops):
+            raise UserError(
+                f"grid {self.name!r}: decode_steps, loop_steps must be positive integers"
+            )
+        if len(set(loops)) != len(loops):
+            raise UserError(
+                f"grid {self.name!r}: loop_steps={list(self.loop_steps)} repeat a length"
+            )
+        if any(t < max(loops) + 1 for t in self.contexts):
             raise UserError(
                 f"grid {self.name!r}: contexts={list(self.contexts)} must exceed "
-                f"decode_steps={self.decode_steps} (the timed steps run inside the cache)"
+                f"decode_steps={max(loops)} (the timed steps run inside the cache)"
             )
         if self.train_seq < 1 or self.decode_steps < 1 or self.max_flops <= 0:
             raise UserError(f"grid {self.name!r}: train_seq, decode_steps, max_flops must be > 0")
@@ -119,7 +147,9 @@ class Grid:
         for s in self.shapes:
             for v in self.vocabs:
                 for b in self.batches:
-                    out += [Point("decode", s, b, v, t) for t in self.contexts]
+                    for t in self.contexts:
+                        out.append(Point("decode", s, b, v, t))
+                        out += [Point("decode", s, b, v, t, n) for n in self.loop_steps]
                     out += [Point("prefill", s, b, v, p) for p in self.prompt_tokens]
             for v in self.train_vocabs:
                 out += [Point("train", s, b, v, self.train_seq) for b in self.train_batches]
@@ -166,6 +196,27 @@ def _quick() -> Grid:
     )
 
 
+def _loops() -> Grid:
+    """Decode loops alone, each configuration at 1, 8 and 32 steps per call: what the full
+    grid's 8-step loops cannot tell apart (a call's fixed cost, its steps' own). Its runs fit
+    beside the full grid's (``validate --from`` combines runs of several grids)."""
+    return Grid(
+        name="loops",
+        shapes=(BUILTIN_SHAPES["tiny"], W256, W512_GQA),
+        vocabs=(1024, 65536),
+        batches=(1, 4, 16, 64),
+        contexts=(64, 512),
+        prompt_tokens=(),
+        train_vocabs=(),
+        train_batches=(),
+        train_seq=64,
+        op_vocabs=(),
+        op_batches=(),
+        loop_steps=(1, 32),
+        max_flops=1e11,
+    )
+
+
 def _test() -> Grid:
     return Grid(
         name="test",
@@ -185,7 +236,7 @@ def _test() -> Grid:
     )
 
 
-GRIDS = {"full": _full, "quick": _quick, "test": _test}
+GRIDS = {"full": _full, "quick": _quick, "loops": _loops, "test": _test}
 
 
 def get_grid(name: str) -> Grid:

@@ -139,10 +139,12 @@ def predict(
     point: Point, device: DeviceProfile, *, decode_steps: int = 1, fresh_bytes: float = 0.0
 ) -> Prediction:
     """The cost model's time for ``point`` on ``device`` (module docstring, per family); a
-    decode point's time is per step of a loop of ``decode_steps`` steps per call.
-    ``fresh_bytes``: the memory one call of the point maps afresh (module docstring)."""
+    decode point's time is per step of a loop of ``decode_steps`` steps per call (the point's
+    own ``steps`` where it has them). ``fresh_bytes``: the memory one call of the point maps
+    afresh (module docstring)."""
+    decode_steps = point.per_call(decode_steps) if point.family == "decode" else decode_steps
     q = _predict(point, device, decode_steps)
-    per_unit = fresh_bytes / (decode_steps if point.family == "decode" else 1)
+    per_unit = fresh_bytes / point.per_call(decode_steps)
     fresh_s = per_unit * device.fresh_s_per_byte
     return dataclasses.replace(
         q, fresh_bytes=per_unit, fresh_s=fresh_s, predicted_s=q.predicted_s + fresh_s
@@ -186,5 +188,6 @@ def _predict(point: Point, device: DeviceProfile, decode_steps: int) -> Predicti
 
 
 def call_flops(point: Point, prediction: Prediction, decode_steps: int) -> float:
-    """FLOPs of one timed call of ``point`` (the decode loop runs ``decode_steps`` steps)."""
-    return prediction.flops * (decode_steps if point.family == "decode" else 1)
+    """FLOPs of one timed call of ``point`` (a decode loop runs ``decode_steps`` steps, or the
+    point's own)."""
+    return prediction.flops * point.per_call(decode_steps)

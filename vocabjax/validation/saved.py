@@ -55,6 +55,7 @@ def _grid(data: Any, *, where: str) -> Grid:
     g = an_object(data, where=where)
     require(g, ("name", "shapes", "axes", "train_seq", "decode_steps", "max_flops", "timing"),
             where=where)  # fmt: skip
+    loops = a_list(g.get("loop_steps", []), where=f"{where}.loop_steps")
     shapes = tuple(
         shape_from_mapping(s, name=f"shape {i}", where=f"{where}.shapes[{i}]")
         for i, s in enumerate(a_list(g["shapes"], where=f"{where}.shapes", nonempty=True))
@@ -75,6 +76,7 @@ def _grid(data: Any, *, where: str) -> Grid:
         },
         train_seq=integer(g["train_seq"], where=f"{where}.train_seq"),
         decode_steps=integer(g["decode_steps"], where=f"{where}.decode_steps"),
+        loop_steps=tuple(integer(n, where=f"{where}.loop_steps", minimum=1) for n in loops),
         max_flops=positive_number(g["max_flops"], where=f"{where}.max_flops"),
         timing=TimingSettings(
             **{
@@ -101,6 +103,7 @@ def _result(data: Any, grid: Grid, device: DeviceProfile, *, where: str) -> Resu
         integer(p["batch"], where=f"{where}.batch", minimum=1),
         size("vocab"),
         size("context"),
+        None if p.get("steps") is None else size("steps"),
     )
     optional = {
         key: None
@@ -167,14 +170,19 @@ def measured_fields(doc: dict[str, Any]) -> dict[str, Any]:
             "by_shape", "device", "grid")  # fmt: skip
     out = {k: doc[k] for k in keep if k in doc}
     out["points"] = [
-        {k: p[k] for k in _POINT_FIELDS + _POINT_OPTIONAL if k in p} for p in doc["points"]
+        {k: p[k] for k in _POINT_FIELDS + _POINT_OPTIONAL + ("steps",) if k in p}
+        for p in doc["points"]
     ]
     return out
 
 
 def combine_runs(runs: Sequence[Validation], names: Sequence[str] | None = None) -> Validation:
-    """Runs of one grid as one: each point's median time (and compile time) over the runs, its
-    spread (``runs_spread_pct``: max - min over the median), priced as the first run prices it.
+    """Runs as one: each point's median time (and compile time) over the runs that timed it, its
+    spread (``runs_spread_pct``: max - min over the median), priced as the first run that
+    timed it prices it. Runs of one grid must hold the same points; runs of several grids (the
+    full grid's and the ``loops`` grid's, say) combine into the union of their points, where
+    they loop alike (one ``decode_steps``) and were timed alike (``by_shape``). The result
+    keeps the first run's grid.
 
     A run's points keep one state for minutes (this 2-core guest measured a 250 ms training
     step at 252 ms in one run and 385 ms in the next, every round of each alike), so more
@@ -185,13 +193,13 @@ def combine_runs(runs: Sequence[Validation], names: Sequence[str] | None = None)
     first = runs[0]
     if len(runs) == 1:
         return first
-    # each point's result in every run, by label
-    seen: dict[str, list[Result]] = {r.point.label(): [] for r in first.results}
+    points_of: list[tuple[Grid, str, set[str]]] = []  # each grid, its first run, its points
+    seen: dict[str, list[Result]] = {}  # each point's result in every run that timed it
     for name, v in zip(names, runs, strict=True):
-        if v.grid != first.grid:
+        if v.grid.decode_steps != first.grid.decode_steps:
             raise UserError(
-                f"{name}: grid {v.grid.name!r} is not the grid of {names[0]} "
-                f"({first.grid.name!r}, or its axes differ): only runs of one grid combine"
+                f"{name}: its decode loops run {v.grid.decode_steps} steps a call, "
+                f"{names[0]}'s {first.grid.decode_steps}: only runs that loop alike combine"
             )
         if v.by_shape != first.by_shape:
             raise UserError(
@@ -199,16 +207,19 @@ def combine_runs(runs: Sequence[Validation], names: Sequence[str] | None = None)
                 f"{'by shape' if first.by_shape else 'as one set'}: only runs timed alike combine"
             )
         own = {r.point.label(): r for r in v.results}
-        if own.keys() != seen.keys():
+        known = [(n, labels) for g, n, labels in points_of if g == v.grid]
+        if not known:
+            points_of.append((v.grid, name, set(own)))
+        other, labels = known[0] if known else (name, set(own))
+        if own.keys() != labels:
             raise UserError(
-                f"{name}: {len(own.keys() ^ seen.keys())} points differ from {names[0]}'s: "
-                "only runs of one grid combine"
+                f"{name}: {len(own.keys() ^ labels)} points differ from {other}'s, a run of "
+                f"the same grid ({v.grid.name!r}): runs of one grid combine only alike"
             )
         for label, r in own.items():
-            seen[label].append(r)
+            seen.setdefault(label, []).append(r)
 
-    def one(r: Result) -> Result:
-        each = seen[r.point.label()]
+    def one(each: list[Result]) -> Result:
         ts = [x.measured_s for x in each]
         median = statistics.median(ts)
         faults = [x.faults_per_call for x in each]
@@ -216,11 +227,11 @@ def combine_runs(runs: Sequence[Validation], names: Sequence[str] | None = None)
         fresh = {x.fresh_bytes for x in each if x.fresh_bytes is not None}
         if len(fresh) > 1:
             raise UserError(
-                f"{r.point.label()}: the runs record different fresh memory for its call "
+                f"{each[0].point.label()}: the runs record different fresh memory for its call "
                 f"({', '.join(str(f) for f in fresh)}): only runs of one build combine"
             )
         return dataclasses.replace(
-            r,
+            each[0],
             measured_s=median,
             compile_s=statistics.median(x.compile_s for x in each),
             runs_spread_pct=100.0 * (max(ts) - min(ts)) / median,
@@ -231,7 +242,7 @@ def combine_runs(runs: Sequence[Validation], names: Sequence[str] | None = None)
     hosts = list(dict.fromkeys(v.host for v in runs))
     return dataclasses.replace(
         first,
-        results=tuple(one(r) for r in first.results),
+        results=tuple(one(each) for each in seen.values()),
         date=f"{first.date} .. {runs[-1].date}" if runs[-1].date != first.date else first.date,
         host="; ".join(hosts),
         seconds=sum(v.seconds for v in runs),
@@ -243,8 +254,8 @@ def combine_runs(runs: Sequence[Validation], names: Sequence[str] | None = None)
 def read_validations(
     paths: Sequence[str | os.PathLike], device: DeviceProfile | str | None = None
 ) -> Validation:
-    """The runs ``validate --out`` wrote to ``paths`` (one or more, of one grid), each point's
-    median over them (``combine_runs``), priced on ``device`` (default: the first run's
+    """The runs ``validate --out`` wrote to ``paths`` (one or more), each point's median over
+    the runs that timed it (``combine_runs``), priced on ``device`` (default: the first run's
     profile)."""
     if not paths:
         raise UserError("no validation runs to read")

@@ -15,7 +15,8 @@ at T = 64; docs/validation.md). Each model shape's points share one set of param
 What each family's call runs (float32 throughout, parameters drawn from a fixed seed):
 
     decode       the serving engine's jitted decode loop (``Engine``'s own compiled function)
-                 for ``decode_steps`` steps on a cache of T positions; per step = call / steps
+                 for ``decode_steps`` steps (or the point's own ``steps``) on a cache of T
+                 positions; per step = call / steps
     prefill      the engine's compiled prefill: B prompts of T tokens into a cache of T
     train        ``make_train_step``'s step (loss, gradient, AdamW) on B windows of T + 1 ids
     backbone     the model's blocks (``GPT.blocks``) on x of (B, 1, D)
@@ -217,7 +218,7 @@ class Group:
         return Built(call, seconds, fresh_bytes(compiled))
 
     def _decode(self, p: Point) -> tuple[Call, float, Any]:
-        t, n = p.context, self.grid.decode_steps
+        t, n = p.context, p.per_call(self.grid.decode_steps)
         bucket = t if (p.vocab, p.batch, t) in self._prefills else min(MIN_BUCKET, t)
         _, decode, seconds, (params, _, _, rng) = self._engine(p.vocab, p.batch, t, bucket)
         holder = self._cache_holder(p.batch, t)
@@ -387,7 +388,7 @@ def _measure_set(
     finally:
         groups = calls = None  # free the arrays before the caller goes on
         gc.collect()
-    per_call = [grid.decode_steps if p.family == "decode" else 1 for p in points]
+    per_call = [p.per_call(grid.decode_steps) for p in points]
     faults = tally.medians(len(points))
     return [
         Timed(t / n, c, f, m)
