@@ -15,7 +15,7 @@ from serving_testing import scrambled_engine
 
 from vocabjax.serving import Engine, Sampling, bucket_length
 from vocabjax.serving import decode as dec
-from vocabjax.serving.batching import Call, Joining, RunningBatch, solo_key
+from vocabjax.serving.batching import Call, Joining, RunningBatch, prefill, solo_key
 
 HEAD = 500
 # Prompts of different lengths (two prompt buckets) and limits (1: it stops at the token its
@@ -85,6 +85,34 @@ def test_joining_and_leaving_rows_change_no_request_tokens(engine, sampling):
     assert any(k == "regroup" and rows < 4 for k, rows, _ in kinds)  # and shrank when it drained
     assert running == 2 and ("join", 4, 2) in kinds  # 4 and 5 joined while two ran
     assert batch.rows == 0  # empty: dropped
+
+
+@pytest.mark.slow
+def test_prompts_prefilled_ahead_join_a_few_at_a_time_with_their_solo_tokens(engine):
+    """Four prompts prefilled together, staged, and joined into a batch of two rows one or two
+    at a time as its rows free: every request's tokens are its solo tokens."""
+    sampling = Sampling(temperature=1.0)
+    ids = engine.encode(PROMPTS, HEAD)
+    which = (0, 1, 3, 4)
+    joining = [Joining(i, ids[i], LIMITS[i], solo_key(100 + i)) for i in which]
+    staged, call = prefill(engine, joining, HEAD, sampling, score=True)
+    assert (call.kind, call.rows, call.joined, staged.rows, staged.left) == ("prefill", 4, 4, 4, 4)
+    assert all(j.prompt_nats is not None for j in staged.joined)
+    batch = RunningBatch(engine, HEAD, sampling, max_rows=2, score=True)
+    got: dict[int, tuple[int, ...]] = {}
+    with pytest.raises(ValueError, match="room for 2"):
+        batch.join_staged(staged, 3)
+    joined, done, calls = batch.join_staged(staged, 1)
+    assert [j.tag for j in joined] == [0] and staged.left == 3 and calls[-1].kind == "join"
+    while batch.live or staged.left:
+        if staged.left and batch.room:
+            joined, done, _ = batch.join_staged(staged, min(batch.room, staged.left))
+            got.update({f.tag: f.tokens for f in done})
+        done, _ = batch.advance(3)
+        got.update({f.tag: f.tokens for f in done})
+    assert sorted(got) == list(which)
+    for i in which:
+        assert got[i] == solo(engine, i, sampling), f"request {i}"
 
 
 @pytest.mark.slow

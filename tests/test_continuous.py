@@ -36,24 +36,35 @@ def engine(served_run_dir) -> Engine:
     return scrambled_engine(served_run_dir)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
+GREEDY_AND_SAMPLED = pytest.mark.parametrize(
     "sampling",
     [Sampling(), pytest.param(Sampling(temperature=1.0, seed=3), marks=pytest.mark.slow)],
     ids=["greedy", "sampled"],
 )
-def test_every_request_gets_the_tokens_it_gets_alone(engine, sampling):
-    config = ServeConfig(max_batch=4, sampling=sampling)
-    result = serve(engine, TRACE, [(None, 500)], config)
+
+
+def served_as_alone(engine, trace, result, sampling) -> dict:
+    """The served requests by id, each checked to have the tokens it gets served alone (and
+    to have run to its limit)."""
     served = {r.id: r for r in result.requests}
-    assert sorted(served) == [r.id for r in TRACE]
-    for i, r in enumerate(TRACE):
+    assert sorted(served) == sorted(r.id for r in trace)
+    for i, r in enumerate(trace):
         alone = Sampling(sampling.temperature, sampling.top_k, request_seed(sampling.seed, i))
         want = engine.generate([r.prompt], head=500, max_new_tokens=r.max_new_tokens,
                                sampling=alone)  # fmt: skip
         got = served[r.id]
         assert got.text == want.completions[0].text, r.id
         assert got.new_tokens == len(want.completions[0].tokens) == r.max_new_tokens
+    return served
+
+
+@pytest.mark.slow
+@GREEDY_AND_SAMPLED
+def test_every_request_gets_the_tokens_it_gets_alone(engine, sampling):
+    # no prefill ahead: each admission prefills the requests that get a row (staging: below)
+    config = ServeConfig(max_batch=4, sampling=sampling, prefill_ahead=0)
+    result = serve(engine, TRACE, [(None, 500)], config)
+    served = served_as_alone(engine, TRACE, result, sampling)
     joins = result.batches
     assert [b.batch for b in joins[:2]] == [2, 2]  # a, b; then c, d while a, b run
     assert joins[1].running == 4 and joins[1].start_s > 0
@@ -64,6 +75,41 @@ def test_every_request_gets_the_tokens_it_gets_alone(engine, sampling):
     assert s["batching"] == "continuous" and s["running_max"] == 3  # d stopped as it joined
     assert s["generated_tokens"] == sum(r.max_new_tokens for r in TRACE)
     assert s["memory_waits"] == 0 and s["kv_peak_bytes"] <= result.memory.kv_budget
+
+
+# Two arrive first, then nine short prompts (one padded length) an instant later while they
+# run: more wait than rows are free.
+STAGED_TRACE = (
+    Request("a", 0.0, "def main(argv):\n    return argv[0]", 9),
+    Request("b", 0.0, "import os", 4),
+    *(Request(f"w{i}", 1e-9, p, n) for i, (p, n) in enumerate([
+        ("x = 1", 6), ("y", 1), ("for i in x:", 7), ("y = 2", 3), ("import sys", 5), ("z", 2),
+        ("return None", 8), ("pass", 4), ("a = b", 6),
+    ])),
+)  # fmt: skip
+
+
+@pytest.mark.slow
+@GREEDY_AND_SAMPLED
+def test_requests_prefilled_ahead_get_the_tokens_they_get_alone(engine, sampling):
+    """With more requests waiting than rows free, an admission prefills more of them than join
+    (a power of two of rows, of the same padded length): the rest are staged and join as rows
+    free, and every request still gets what it gets alone."""
+    config = ServeConfig(max_batch=4, sampling=sampling)
+    assert config.prefill_ahead > 4
+    result = serve(engine, STAGED_TRACE, [(None, 500)], config)
+    served_as_alone(engine, STAGED_TRACE, result, sampling)
+    assert {len(engine.encode([r.prompt], 500)[0]) <= 16 for r in STAGED_TRACE[2:]} == {True}
+    joins = result.batches
+    staged_joins = [c for c in result.chunks if c.kind == "join"]
+    # two rows free for nine waiting: eight prefilled (a power of two: no padding rows), six
+    # of them staged, joining later
+    assert joins[1].batch == 8 and joins[1].running == 4 and staged_joins
+    assert len(joins) < len(STAGED_TRACE) - 2  # fewer prefills than one per free row
+    assert all(x.running <= 4 for x in [*joins, *result.chunks])
+    s = result.summary()
+    assert s["generated_tokens"] == sum(r.max_new_tokens for r in STAGED_TRACE)
+    assert s["kv_peak_bytes"] <= result.memory.kv_budget
 
 
 # ---- KV-aware admission -------------------------------------------------------------------------
@@ -120,6 +166,30 @@ def test_admission_never_holds_more_than_the_budget(engine, head):
     assert s["memory_waits"] == 8 - most and s["requests"] == 8
     assert s["kv_peak_bytes"] == most * positions[head] * per_position
     assert any(f"{8 - most} request(s) wait for memory at head {head}" in x for x in lines)
+
+
+@pytest.mark.slow
+def test_staged_caches_count_against_the_budget(engine):
+    """Requests prefilled ahead hold their cache from their prefill: a burst under a budget of
+    four sequences, two rows, and a prefill ahead of up to 16 stages two more and no further,
+    and nothing ever holds more than the budget or b_max."""
+    per_position = engine.run.config.shape.kv_elements_per_token * 4  # float32 cache
+    weights = sum(x.size * x.dtype.itemsize for x in engine.run.params.values())
+    limit = 3
+    positions = len(engine.encode([PROMPT], 500)[0]) + limit - 1
+    budget = weights + (4 * positions + 1) * per_position
+    config = ServeConfig(max_batch=2, memory_bytes=budget, prefill_ahead=16)
+    result = serve(engine, burst(8, limit), [(None, 500)], config)
+    plan = result.memory
+    assert plan.b_max[500] == 4
+    sequence = positions * per_position
+    records = [*result.batches, *result.chunks]
+    assert all(x.kv_bytes <= plan.kv_budget for x in records)
+    assert max(x.kv_bytes for x in records) == 4 * sequence  # two running, two staged
+    assert result.batches[0].batch == 4 and result.batches[0].running == 2
+    assert any(c.kind == "join" for c in result.chunks)  # the staged two joined later
+    want = engine.generate([PROMPT], head=500, max_new_tokens=limit).completions[0].text
+    assert all(r.text == want for r in result.requests) and len(result.requests) == 8
 
 
 def test_a_budget_that_cannot_hold_a_request_is_one_error(engine):

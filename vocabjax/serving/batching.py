@@ -11,9 +11,17 @@ every batch size: a join that needs more rows than the bucket has first regroups
 a larger bucket, and once at most a quarter of the rows hold requests it regroups into a
 smaller one (``decode.take_rows``); a batch that empties is dropped. The joining prompts are
 prefilled together, apart from the running rows (which are not recomputed), and their caches,
-first tokens and counters written into free rows (``decode.join``). ``advance`` runs
-``decode.decode_some``: the on-device loop, for at most ``max_steps`` steps and no further than
-the step at which a row stops, so the host can free its row and admit.
+first tokens and counters written into free rows (``decode.join``). The two halves are also
+callable apart: ``prefill`` of more prompts than there are free rows keeps their caches staged
+on the device (``Staged``), and ``join_staged`` writes the next of them into rows as rows free,
+so a caller can prefill several waiting prompts in one larger call and join them a few at a
+time:
+
+    staged, call = prefill(engine, [Joining(...), ...], head=500, sampling=s, score=True)
+    joined, done, calls = batch.join_staged(staged, 2)   # the first two; staged.left: the rest
+
+``advance`` runs ``decode.decode_some``: the on-device loop, for at most ``max_steps`` steps
+and no further than the step at which a row stops, so the host can free its row and admit.
 
 A request's tokens do not depend on the rows it shares a batch with or on when it joined: the
 model computes each row on its own, greedy picks are per row, and a sampled row draws token j
@@ -84,7 +92,7 @@ class Finished:
     stop: Stop
 
 
-CallKind = Literal["join", "steps", "regroup", "merge"]
+CallKind = Literal["prefill", "join", "steps", "regroup", "merge"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +115,7 @@ class Call:
     def compiled_line(self) -> str:
         """``compiled head 500: join at 4 rows, prompts of 16 tokens, in 1.20 s``; decode steps
         within a window of the cache say so (``steps at 8 rows, attending to 64 positions``)."""
-        prompts = f", prompts of {self.bucket} tokens" if self.kind == "join" else ""
+        prompts = f", prompts of {self.bucket} tokens" if self.bucket else ""
         if self.kind == "steps" and self.window is not None:
             prompts = f", attending to {self.window} positions"
         mixed = " (heads mixed)" if self.mixed else ""
@@ -144,6 +152,63 @@ def _padded(
         jnp.stack([j.key for j in joining] + [joining[0].key] * pad),
         jnp.asarray(np.asarray([j.limit for j in joining] + [1] * pad, np.int32)),
         bucket,
+    )
+
+
+@dataclasses.dataclass
+class Staged:
+    """Prompts prefilled together, waiting to join running rows (``RunningBatch.join_staged``
+    takes them in order): their caches, first tokens, lengths, limits and keys on the device,
+    as rows of their own prefill (padding rows last), and each one's prompt tokens and nats."""
+
+    head: int
+    joining: tuple[Joining, ...]
+    joined: tuple[Joined, ...]
+    bucket: int  # their padded prompt length
+    arrays: tuple[Any, jax.Array, jax.Array, jax.Array, jax.Array]  # caches, first, len, limit, key
+    taken: int = 0  # how many have joined rows: the next is ``joining[taken]``
+
+    @property
+    def rows(self) -> int:
+        """The prefill's rows (a power of two)."""
+        return int(self.arrays[1].shape[0])
+
+    @property
+    def left(self) -> int:
+        """Requests still to join."""
+        return len(self.joining) - self.taken
+
+
+def prefill(
+    engine: Engine, joining: Sequence[Joining], head: int, sampling: Sampling, score: bool
+) -> tuple[Staged, Call]:
+    """Prefill ``joining`` together at ``head`` (their ids at that head), apart from any running
+    batch: the staged prompts (their nats fetched) and the device call."""
+    if not joining:
+        raise ValueError("nothing to prefill")
+    started = time.perf_counter()
+    config = engine.config(head, sampling, score)
+    ids_nt, lengths_n, keys_n, limits_n, bucket = _padded(joining, config.max_seq)
+    params, s, n_pad = engine.run.params, sampling, len(ids_nt)
+    args = (params, jnp.asarray(ids_nt), lengths_n, keys_n)
+    fn, compiled = engine.function(
+        ("prefill", head, n_pad, bucket, s.temperature, s.top_k, score),
+        functools.partial(decode.prefill, config),
+        args,
+    )
+    caches, first_n, nats_n = fn(*args)
+    if nats_n is None:  # the call ends when its results are there, as the join's does
+        jax.block_until_ready(first_n)
+        nats = [None] * len(joining)
+    else:
+        nats = [float(x) for x in jax.device_get(nats_n)[: len(joining)]]
+    joined = tuple(Joined(j.tag, len(j.ids), nll) for j, nll in zip(joining, nats, strict=True))
+    staged = Staged(
+        head, tuple(joining), joined, bucket, (caches, first_n, lengths_n, limits_n, keys_n)
+    )
+    seconds = time.perf_counter() - started - compiled
+    return staged, Call(
+        "prefill", head, n_pad, 0, seconds, compiled, joined=len(joining), bucket=bucket
     )
 
 
@@ -214,58 +279,70 @@ class RunningBatch:
     ) -> tuple[list[Joined], list[Finished], list[Call]]:
         """Prefill ``joining`` (their rows alone, their ids at ``head``, by default the
         batch's) into free rows: each one's prompt tokens and nats, the requests that stopped
-        at their first token, and the device calls made."""
-        head = self.head if head is None else head
-        config = self.engine.config(head, self.sampling, self.score)
-        n = len(joining)
-        if n == 0:
+        at their first token, and the device calls made (the prefill counted in the join's)."""
+        if not joining:
             return [], [], []
+        if len(joining) > self.room:
+            raise ValueError(f"{len(joining)} requests join a batch with room for {self.room}")
+        head = self.head if head is None else head
+        staged, first = prefill(self.engine, joining, head, self.sampling, self.score)
+        joined, finished, calls = self.join_staged(staged, len(joining))
+        calls[-1] = dataclasses.replace(
+            calls[-1],
+            seconds=calls[-1].seconds + first.seconds,
+            compile_s=calls[-1].compile_s + first.compile_s,
+        )
+        return joined, finished, calls
+
+    def join_staged(
+        self, staged: Staged, n: int
+    ) -> tuple[list[Joined], list[Finished], list[Call]]:
+        """The next ``n`` of ``staged`` (prefilled with this batch's sampling and scoring) into
+        free rows: their prompt tokens and nats, the requests that stopped at their first
+        token, and the device calls made (a regroup first when the bucket is too small, then
+        the join, a regroup into a smaller bucket after it)."""
+        if not 0 < n <= staged.left:
+            raise ValueError(f"{n} requests join from a stage of {staged.left}")
         if n > self.room:
             raise ValueError(f"{n} requests join a batch with room for {self.room}")
+        config = self.engine.config(staged.head, self.sampling, self.score)
         calls, compiled, started = self._make_room(self.live + n)
         running = self.live
         free = [r for r, row in enumerate(self._rows) if row is None][:n]
-        ids_nt, lengths_n, keys_n, limits_n, bucket = _padded(joining, config.max_seq)
-        n_pad = len(ids_nt)
-        params = self.engine.run.params
-        s = self.sampling
-        prefill, compile_p = self.engine.function(
-            ("prefill", head, n_pad, bucket, s.temperature, s.top_k, self.score),
-            functools.partial(decode.prefill, config),
-            (params, jnp.asarray(ids_nt), lengths_n, keys_n),
-        )
-        caches, first_n, nats_n = prefill(params, jnp.asarray(ids_nt), lengths_n, keys_n)
+        m_pad = pow2_rows(n, staged.rows)
+        first = staged.taken
+        pick_m = np.arange(first, first + m_pad, dtype=np.int32) % staged.rows
+        slots_m = np.asarray(free + [self.rows] * (m_pad - n), np.int32)  # past the end: dropped
         args = (
             self._state,
             self._keys_b,
-            caches,
-            first_n,
-            lengths_n,
-            limits_n,
-            jnp.asarray(np.arange(n_pad) < n),
-            keys_n,
-            jnp.asarray(np.asarray(free + [self.rows] * (n_pad - n), np.int32)),
+            *staged.arrays,
+            jnp.asarray(pick_m),
+            jnp.asarray(slots_m),
         )
         join, compile_j = self.engine.function(
-            ("join", head, self.rows, n_pad),
-            functools.partial(decode.join, config),
+            ("join", staged.head, self.rows, staged.rows, m_pad),
+            functools.partial(_join_picked, config),
             args,
             donate=(0, 1),
         )
         self._state, self._keys_b = join(*args)
-        nats_n, counts = jax.device_get((nats_n, self._counts()))  # one wait for the device
-        nats = [None] * n if nats_n is None else [float(x) for x in nats_n[:n]]
-        joined = []
-        for r, j, nll in zip(free, joining, nats, strict=True):
-            self._rows[r] = _Row(j.tag, len(j.ids), head, len(j.ids) + j.limit)
-            joined.append(Joined(j.tag, len(j.ids), nll))
+        counts = jax.device_get(self._counts())
+        staged.taken += n
+        for r, j in zip(free, staged.joining[first : first + n], strict=True):
+            self._rows[r] = _Row(j.tag, len(j.ids), staged.head, len(j.ids) + j.limit)
         finished = self._collect(counts)
-        compiled += compile_p + compile_j
+        compiled += compile_j
         seconds = time.perf_counter() - started - compiled
-        calls.append(
-            Call("join", head, self.rows, running, seconds, compiled, joined=n, bucket=bucket)
+        join_call = Call(
+            "join", staged.head, self.rows, running, seconds, compiled, joined=n,
+            bucket=staged.bucket,
+        )  # fmt: skip
+        return (
+            list(staged.joined[first : first + n]),
+            finished,
+            calls + [join_call, *self._shrink()],
         )
-        return joined, finished, calls + self._shrink()
 
     def _make_room(self, need: int) -> tuple[list[Call], float, float]:
         """Rows for ``need`` requests: the first carry, or a larger one. The regrouping call
@@ -437,6 +514,29 @@ def _gather(held: list[int], rows: int) -> tuple[jax.Array, jax.Array]:
     """``take_rows``'s index and mask: rows ``held`` first, then ``rows - len(held)`` empty."""
     index_r = jnp.asarray(np.asarray(held + [0] * (rows - len(held)), np.int32))
     return index_r, jnp.asarray(np.arange(rows) < len(held))
+
+
+def _join_picked(
+    config: decode.DecodeConfig,
+    state: decode.Decoding,
+    keys_b: jax.Array,
+    caches: Any,
+    first_n: jax.Array,
+    lengths_n: jax.Array,
+    limits_n: jax.Array,
+    keys_n: jax.Array,
+    pick_m: jax.Array,
+    slots_m: jax.Array,
+) -> tuple[decode.Decoding, jax.Array]:
+    """``decode.join`` of the staged rows ``pick_m`` into rows ``slots_m`` (a slot past the
+    last row is dropped)."""
+
+    def take(x):
+        return jnp.take(x, pick_m, axis=0)
+
+    real_m = slots_m < keys_b.shape[0]
+    picked = (jax.tree.map(take, caches), take(first_n), take(lengths_n), take(limits_n))
+    return decode.join(config, state, keys_b, *picked, real_m, take(keys_n), slots_m)
 
 
 def _regrouped(

@@ -14,10 +14,15 @@ Each round, at the clock's ``now``:
    new one, whichever the cost model prices cheapest for the next decode step of every group
    (``mixing.Pricer.place``; ``ServeConfig.mixing`` can force either). They are prefilled
    together (the running rows are not recomputed), and each prompt's bits per byte goes to the
-   quality controller as it joins. A request that waits for memory is logged once and counted;
+   quality controller. When more requests wait than rows are free, up to
+   ``ServeConfig.prefill_ahead`` of them are prefilled in that one call (within the KV budget
+   and b_max: a staged cache is held memory) and the ones without a row are staged
+   (``batching.Staged``): they join, first come first served, as rows free, ahead of any new
+   prefill, so prefills run at many rows instead of the one or two a stop frees. A request
+   that waits for memory is logged once and counted;
 3. decoding: every group with running requests runs ``RunningBatch.advance(k)`` (its on-device
    loop), which ends early when a request stops. k runs to the step at which a request stops
-   when requests are waiting (a stop frees a row and its memory), else to about the next
+   when requests are waiting or staged (a stop frees a row and its memory), else to about the next
    arrival (the time left over the last measured seconds per step, at least 1). Then groups
    whose requests now fit one group merge where the cost model prices one step of the merged
    group below the two apart (``mixing.Placer.consolidate``).
@@ -42,8 +47,17 @@ from vocabjax.errors import UserError
 from vocabjax.hardware import DeviceProfile
 from vocabjax.progress import Progress
 from vocabjax.serving.admission import MemoryPlan, admit_count, human_bytes
-from vocabjax.serving.batching import Call, Finished, Joined, Joining, RunningBatch, solo_key
-from vocabjax.serving.engine import Engine
+from vocabjax.serving.batching import (
+    Call,
+    Finished,
+    Joined,
+    Joining,
+    RunningBatch,
+    Staged,
+    prefill,
+    solo_key,
+)
+from vocabjax.serving.engine import Engine, bucket_length
 from vocabjax.serving.mixing import Placement, Placer, Pricer
 from vocabjax.serving.records import (
     ServeConfig,
@@ -68,8 +82,8 @@ class _Held:
 
     head: int
     kv_bytes: int  # the cache it reserves
-    start_s: float
-    batch: int  # the admission it joined with
+    start_s: float  # when it joined a row
+    batch: int  # the admission that prefilled it
     offset: int
     prompt_tokens: int
     prompt_bpb: float | None  # None: not scored
@@ -100,7 +114,9 @@ class Continuous:
         self.waiting: collections.deque[int] = collections.deque()
         self.groups: list[RunningBatch] = []  # running groups, each at one head or several
         self.numbers: dict[RunningBatch, int] = {}  # each group's number, in order of creation
-        self.held: dict[int, _Held] = {}
+        self.held: dict[int, _Held] = {}  # requests in rows
+        self.staged: dict[int, _Held] = {}  # requests prefilled ahead, without a row yet
+        self.stages: collections.deque[Staged] = collections.deque()  # their prefills, in order
         self.memory_waits: set[int] = set()
         # (head, rows, mixed) -> the last measured seconds per decode step
         self.per_step: dict[tuple[int, int, bool], float] = {}
@@ -112,20 +128,48 @@ class Continuous:
 
     def serve(self) -> None:
         n = len(self.queue)
-        while self.upcoming < n or self.waiting or self.held:
+        while self.upcoming < n or self.waiting or self.held or self.stages:
             while self.upcoming < n and self.queue[self.upcoming].arrival_s <= self.now:
                 self.waiting.append(self.upcoming)
                 self.upcoming += 1
-            if not self.waiting and not self.held:
+            if not self.waiting and not self.held and not self.stages:
                 self.now = self.queue[self.upcoming].arrival_s
                 continue
-            if self.waiting:
+            if self.waiting or self.stages:
                 self.admit()
             if self.held:
                 self.decode()
 
     def admit(self) -> None:
-        """The waiting requests that fit join the routed head's running batch."""
+        """Staged requests join as rows free; once none is staged, the waiting requests that
+        fit are prefilled at the routed head, those with a row joining its running batch."""
+        self._join_stages()
+        if not self.stages and self.waiting:
+            self._prefill()
+
+    def _join_stages(self) -> None:
+        """Staged requests join rows at their head, in order, while rows are free."""
+        while self.stages:
+            staged = self.stages[0]
+            head = staged.head
+            m = min(staged.left, self.config.max_batch - self.running_at(head))
+            if m <= 0:
+                return
+            start = self.now
+            _, batch = self._place(head, m)
+            running = self.running_at(head) + m
+            joined, finished, calls = batch.join_staged(staged, m)
+            for j in joined:
+                self._take(j.tag, start, running)
+            self._chunks(calls)
+            self._finish(finished)
+            if not staged.left:
+                self.stages.popleft()
+
+    def _prefill(self) -> None:
+        """The waiting requests that fit are prefilled together at the routed head, and those
+        with a row join its running batch; when more wait than rows are free, up to
+        ``prefill_ahead`` in all are prefilled, the rest staged."""
         config, plan = self.config, self.plan
         load = min(len(self.held) + len(self.waiting), config.max_batch)
         route = route_batch(self.heads, self.routes, batch=load, offset=self.record.offset)
@@ -143,20 +187,29 @@ class Continuous:
             if wait == "memory":
                 self._wait_for_memory(list(self.waiting), head, need[0], alone=True)
             return
-        admitted = [self.waiting.popleft() for _ in range(n)]
+        ahead = self._ahead(need, n, wait, head)
+        admitted = [self.waiting[p] for p in range(n)] + [self.waiting[p] for p in ahead]
+        taken = set(admitted)
+        self.waiting = collections.deque(i for i in self.waiting if i not in taken)
+        reserved = [need[p] for p in range(n)] + [need[p] for p in ahead]
         k = len(self.record.batches)
         self.record.route(self.now, load, k)  # the same decision, kept: they join
         start = self.now
+        joining = [Joining(i, self.ids(i, head), self.limit(i), self.key(i)) for i in admitted]
+        staged, first = prefill(self.engine, joining, head, config.sampling, config.score_prompts)
+        bpbs = [self._stage(j, kv, route, k) for j, kv in zip(staged.joined, reserved, strict=True)]
         place, batch = self._place(head, n)
         running = self.running_at(head) + n  # at the head once they joined (some may stop at once)
-        joining = [Joining(i, self.ids(i, head), self.limit(i), self.key(i)) for i in admitted]
-        joined, finished, calls = batch.join(joining, head)
+        joined, finished, calls = batch.join_staged(staged, n)
+        calls = [first, *calls]
         self._charge(calls)
-        bpbs = [
-            self._hold(j, kv, route, k, start, running)
-            for j, kv in zip(joined, need[:n], strict=True)
-        ]
-        self._record_admission(k, start, calls, route, n, _mean(bpbs), running, batch, place)
+        for j in joined:
+            self._take(j.tag, start, running)
+        if staged.left:
+            self.stages.append(staged)
+        self._record_admission(
+            k, start, calls, route, len(admitted), _mean(bpbs), running, batch, place
+        )
         if wait == "memory":  # said once the others have joined: what they hold
             self._wait_for_memory(list(self.waiting), head, need[n], alone=False)
         self._finish(finished)
@@ -202,21 +255,47 @@ class Continuous:
             )
         )
 
-    def _hold(
-        self, j: Joined, kv: int, route: RoutedBatch, k: int, start: float, running: int
-    ) -> float | None:
-        """A joined request is held with its KV bytes, and its prompt's bits per byte (the
-        quality controller's observation, returned; None when prompts are not scored)
-        recorded for batch ``k``."""
+    def _ahead(self, need: Sequence[int], n: int, wait: str | None, head: int) -> list[int]:
+        """Which more waiting requests (positions in the queue past the ``n`` that get a row)
+        are prefilled now and staged: while rows (not memory) hold them back, the next ones
+        whose prompts pad to the padded length of the ``n`` (so that they add rows to the
+        prefill, not length to every row), up to ``prefill_ahead`` in all and a power of two
+        of rows (a prefill runs as one; padding rows would be work for nothing), within the
+        KV budget and the head's b_max beside those running and joining."""
+        most = self.config.prefill_ahead
+        if wait != "rows" or most <= n:
+            return []
+        max_seq = self.run.max_seq
+        buckets = [bucket_length(len(self.ids(i, head)), max_seq) for i in self.waiting]
+        fits = [p for p in range(n, len(buckets)) if buckets[p] == max(buckets[:n])]
+        extra, _ = admit_count(
+            [need[p] for p in fits],
+            held_bytes=self.kv_bytes + sum(need[:n]),
+            running=0,
+            max_batch=most - n,
+            b_max=self.plan.b_max[head] - self.running_at(head) - n,
+            kv_budget=self.plan.kv_budget,
+        )
+        rows = 1 << ((n + extra).bit_length() - 1)  # the largest power of two within them
+        return fits[: max(rows - n, 0)]
+
+    def _stage(self, j: Joined, kv: int, route: RoutedBatch, k: int) -> float | None:
+        """A prefilled request is staged with its KV bytes (held memory from now), and its
+        prompt's bits per byte (the quality controller's observation, returned; None when
+        prompts are not scored) recorded for batch ``k``."""
         prompt = self.queue[j.tag].prompt.encode("utf-8")
         bpb = window = None
         if j.prompt_nats is not None:
             bpb = j.prompt_nats / (math.log(2) * len(prompt))
             window = self.record.observe(bpb, len(prompt), route, k, self.now)
-        self.held[j.tag] = _Held(
-            route.head, kv, start, k, route.offset, j.prompt_tokens, bpb, window, running
+        self.staged[j.tag] = _Held(
+            route.head, kv, self.now, k, route.offset, j.prompt_tokens, bpb, window, 0
         )
         return bpb
+
+    def _take(self, tag: int, start: float, running: int) -> None:
+        """A staged request joined a row at ``start``, ``running`` at its head with it."""
+        self.held[tag] = dataclasses.replace(self.staged.pop(tag), start_s=start, running=running)
 
     def decode(self) -> None:
         """Every group with running requests runs its on-device loop for k steps at most."""
@@ -254,10 +333,10 @@ class Continuous:
             self._charge([c])
 
     def _steps(self) -> int:
-        """Decode steps before the host looks again: to the next stop while requests wait,
-        else to about the next arrival."""
+        """Decode steps before the host looks again: to the next stop while requests wait or
+        are staged, else to about the next arrival."""
         longest = self.run.max_seq
-        if self.waiting or self.upcoming >= len(self.queue):
+        if self.waiting or self.stages or self.upcoming >= len(self.queue):
             return longest
         live = [b for b in self.groups if b.live]
         per_step = sum(self.per_step.get((b.vocab, b.rows, b.mixed), 0.0) for b in live)
@@ -274,8 +353,10 @@ class Continuous:
 
     @property
     def kv_bytes(self) -> int:
-        """The KV cache every running request reserves."""
-        return sum(h.kv_bytes for h in self.held.values())
+        """The KV cache every running or staged request reserves."""
+        return sum(h.kv_bytes for h in self.held.values()) + sum(
+            h.kv_bytes for h in self.staged.values()
+        )
 
     def ids(self, i: int, head: int) -> np.ndarray:
         if (i, head) not in self._ids:

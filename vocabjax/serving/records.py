@@ -63,6 +63,10 @@ class ServeConfig:
     # unembedding of every prompt position), the quality controller's signal; off: no scoring,
     # no prompt bits per byte, and no controller
     score_prompts: bool = True
+    # continuous: when more requests wait than rows are free, prefill up to this many together
+    # (the ones without a row staged, their caches held, joining as rows free); 0 or 1: a
+    # prefill takes only the requests that get a row now
+    prefill_ahead: int = 16
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "max_new_tokens", "window", "progress_every"):
@@ -73,6 +77,9 @@ class ServeConfig:
             raise UserError(f"batching={self.batching!r} must be one of {', '.join(BATCHING)}")
         if self.mixing not in MIXING:
             raise UserError(f"mixing={self.mixing!r} must be one of {', '.join(MIXING)}")
+        ahead = self.prefill_ahead
+        if isinstance(ahead, bool) or not isinstance(ahead, int) or ahead < 0:
+            raise UserError(f"prefill_ahead={ahead!r} must be an integer >= 0")
         m = self.memory_bytes
         if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
             raise UserError(f"memory_bytes={m!r} must be a positive integer")
@@ -198,10 +205,11 @@ class ServedBatch:
 @dataclasses.dataclass(frozen=True)
 class ServedChunk:
     """A device call of a running batch between admissions: decode steps, a regroup into
-    another bucket, or a merge of two groups into one."""
+    another bucket, a merge of two groups into one, or the join of staged requests (prefilled
+    by an earlier admission) into free rows."""
 
     index: int
-    kind: Literal["steps", "regroup", "merge"]
+    kind: Literal["steps", "regroup", "merge", "join"]
     start_s: float
     service_s: float  # measured wall time, compiling left out
     compile_s: float
