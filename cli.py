@@ -1272,6 +1272,15 @@ def _timing_columns(t: dict) -> dict:
     help="Do not score prompts (an unembedding of every prompt position in each prefill): no "
     "prompt bits per byte, and so no quality controller.",
 )
+@click.option(
+    "--prefill-ahead",
+    type=click.IntRange(0),
+    default=16,
+    show_default=True,
+    help="Continuous batching of a trace: when more requests wait than rows are free, prefill "
+    "up to this many together, staging those without a row until rows free (0: only those "
+    "with a row; the --port server admits as rows free).",
+)
 @_sampling_options
 @click.option(
     "--seed",

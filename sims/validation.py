@@ -28,6 +28,8 @@ from vocabjax.validation.grid import FAMILIES, STEP_FAMILIES
 DATA = ROOT / "sims" / "data"
 FULL = tuple(f"validation_cpu_full_{i}.json" for i in (6, 7, 8, 9, 10))
 QUICK = tuple(f"validation_cpu_quick_{i}.json" for i in (6, 7, 8, 9, 10))
+# decode loops alone at 1, 8 and 32 steps a call (``validate --grid loops``), fitted beside FULL
+LOOPS = tuple(f"validation_cpu_loops_{i}.json" for i in (1, 2))
 FIGURE = "validation_cpu_full.png"
 TARGET = (10.0, 30.0)  # issue 10: median and worst |error| of the held-out steps, percent
 
@@ -91,6 +93,26 @@ def worst(cal, n: int = 10) -> list[str]:
     return lines
 
 
+def by_loop(v, cal) -> list[str]:
+    """Held-out decode steps by steps per call, before and after the fit."""
+    lines = [
+        "| held-out decode steps | n | before: median | worst | after: median | worst |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    steps = v.grid.decode_steps
+
+    def decode(results, n):
+        return [r for r in results if r.point.family == "decode" and r.point.per_call(steps) == n]
+
+    before, after = cal.held_out(v.results), cal.held_out(cal.after)
+    for n in sorted({r.point.per_call(steps) for r in after if r.point.family == "decode"}):
+        lines.append(
+            f"| {n} a call | {len(decode(after, n))} | {_cells(decode(before, n))} | "
+            f"{_cells(decode(after, n))} |"
+        )
+    return lines
+
+
 def repeatability(runs, combined) -> list[str]:
     """|difference| of each point's time in each run from its median over the runs, percent of
     the median, by family."""
@@ -141,6 +163,12 @@ def main() -> None:
     quick_cal = calibrate(quick)
     verdict = _verdict(median <= TARGET[0], worst_ <= TARGET[1])
     q_median, q_worst = steps_after(quick_cal)
+    loops_runs = [validation.read_validation(DATA / name) for name in LOOPS]
+    both = validation.combine_runs(full_runs + loops_runs, FULL + LOOPS)
+    both_cal = calibrate(both)
+    b_median, b_worst = steps_after(both_cal)
+    b_verdict = _verdict(b_median <= TARGET[0], b_worst <= TARGET[1])
+    with_loops = " ".join(f"--from sims/data/{name}" for name in FULL + LOOPS)
     from_files = " ".join(f"--from sims/data/{name}" for name in FULL)
     body = [
         "The cost model against this project's own model, serving engine and training step on",
@@ -179,6 +207,38 @@ def main() -> None:
         "any one run.",
         "",
         *repeatability(full_runs, full),
+        "",
+        f"## The full grid with decode loops of 1, 8 and 32 steps a call ({len(LOOPS)} runs "
+        "of the loops grid)",
+        "",
+        "Every decode point of the full grid runs 8 steps a call, so a call's fixed cost and",
+        "its steps' own cost trade against each other in the fit. The `loops` grid",
+        "(`python cli.py validate --grid loops`) times decode loops alone, each configuration",
+        "at 1, 8 and 32 steps a call; its runs combine with the full grid's and are fitted",
+        f"together (`python cli.py validate {with_loops} --fit`): the 8-step loops the two",
+        f"grids share are each one's median over the {len(FULL) + len(LOOPS)} runs, a loop of",
+        "1 or 32 steps its ratio to the 8-step loop timed beside it (the median over the",
+        "loops runs) times that median (`combine_runs`), since a run made on another day can",
+        "run at another speed altogether. A configuration's loops are fitted or held out",
+        "together.",
+        "",
+        *each_run(LOOPS, loops_runs),
+        "",
+        *error_table(both, both_cal),
+        "",
+        *by_loop(both, both_cal),
+        "",
+        f"Held-out steps after the fit: **{b_median:.1f}% median, {b_worst:.0f}% worst**; the "
+        f"target is {TARGET[0]:.0f}% and {TARGET[1]:.0f}%: {b_verdict}.",
+        "",
+        "The calibrated profile (log residual spread on the fit points "
+        f"{both_cal.fit.log_residual_sd:.3f}):",
+        "",
+        *fitted(both_cal.fit.profile),
+        "",
+        "The held-out steps the model misses most:",
+        "",
+        *worst(both_cal),
         "",
         f"## The quick grid, {len(QUICK)} runs",
         "",

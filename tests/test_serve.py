@@ -235,6 +235,26 @@ def test_serve_config_pads_batches_to_powers_of_two():
         ServeConfig(max_batch=0)
 
 
+def test_serve_passes_prefill_ahead_to_its_config(monkeypatch):
+    """``serve --prefill-ahead N`` reaches ``ServeConfig.prefill_ahead`` (16 by default); a
+    negative one is refused when parsed."""
+    seen = []
+
+    def config_of(options):
+        seen.append(options["prefill_ahead"])
+        raise UserError("stop here")
+
+    monkeypatch.setattr(ServeConfig, "from_options", staticmethod(config_of))
+    runner = CliRunner()
+    for args, want in (([], 16), (["--prefill-ahead", "0"], 0), (["--prefill-ahead", "4"], 4)):
+        result = runner.invoke(cli.main, ["serve", "--run", "x", "--policy", "y", *args])
+        assert result.exit_code == 1 and seen[-1] == want, result.output
+    result = runner.invoke(
+        cli.main, ["serve", "--run", "x", "--policy", "y", "--prefill-ahead", "-1"]
+    )
+    assert result.exit_code == 2 and "prefill-ahead" in result.output
+
+
 # ---- with a model -------------------------------------------------------------------------------
 
 

@@ -735,9 +735,10 @@ def test_runs_that_disagree_do_not_combine(monkeypatch, tmp_path, profile_path, 
 
 def test_runs_of_two_grids_combine_into_their_union(monkeypatch, tmp_path, profile_path):
     """A run of the test grid and one of the same grid with decode loops of 1 and 8 steps too
-    (``loop_steps``): the union of their points, the shared ones the median of both runs; the
-    longer loops priced at their own steps per call, each configuration's loops fitted or held
-    out together."""
+    (``loop_steps``): the union of their points, the shared ones the median of both runs, a
+    loop of its own length its ratio to the grid's loop timed beside it times that loop's
+    median; the loops priced at their own steps per call, each configuration's loops fitted
+    or held out together."""
 
     def timed(scale):  # each point's time by its label, so the runs' shared points agree
         def fake(points, grid, **kw):
@@ -759,9 +760,13 @@ def test_runs_of_two_grids_combine_into_their_union(monkeypatch, tmp_path, profi
     first = {r.point.label(): r.measured_s for r in runs[0].results}
     second = {r.point.label(): r.measured_s for r in runs[1].results}
     for r in both.results:
-        label = r.point.label()
+        label, base = r.point.label(), r.point.configuration()
         times = [t[label] for t in (first, second) if label in t]
-        assert r.measured_s == statistics.median(times) and both.runs == 2
+        if r.point.steps is None:
+            assert r.measured_s == statistics.median(times) and both.runs == 2
+        else:  # its ratio to the loop timed beside it, on that loop's median over both runs
+            anchor = statistics.median([first[base], second[base]])
+            assert r.measured_s == pytest.approx(anchor * second[label] / second[base])
         if r.point.family == "decode":
             steps = r.point.steps or loops.decode_steps
             assert r.prediction.calls == pytest.approx(1 / steps)

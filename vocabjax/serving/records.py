@@ -87,7 +87,8 @@ class ServeConfig:
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> ServeConfig:
         """The config of ``serve``'s options (cli.py's names: max_batch, max_new_tokens, window,
-        temperature, top_k, seed, batching, memory, mixing, device_spec, score_prompts)."""
+        temperature, top_k, seed, batching, memory, mixing, device_spec, score_prompts,
+        prefill_ahead)."""
         spec = options["device_spec"]
         return cls(
             max_batch=options["max_batch"],
@@ -99,6 +100,7 @@ class ServeConfig:
             mixing=options["mixing"],
             device=load_device(spec) if spec else None,
             score_prompts=options.get("score_prompts", True),
+            prefill_ahead=options.get("prefill_ahead", 16),
         )
 
     def rows(self, batch: int) -> int:

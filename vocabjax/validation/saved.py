@@ -184,6 +184,13 @@ def combine_runs(runs: Sequence[Validation], names: Sequence[str] | None = None)
     they loop alike (one ``decode_steps``) and were timed alike (``by_shape``). The result
     keeps the first run's grid.
 
+    A decode loop of a point's own length (``Point.steps``) is measured against its
+    configuration's loop at the grid's ``decode_steps``, timed beside it in the same rounds:
+    its time is the median of that ratio over its runs times the configuration's median time
+    over every run that timed it. Runs made hours apart can run at another speed altogether
+    (a loops run of 2026-12-07 timed the 8-step loops the full grid's runs share 1.37x slower,
+    median); the ratio, timed side by side, carries over.
+
     A run's points keep one state for minutes (this 2-core guest measured a 250 ms training
     step at 252 ms in one run and 385 ms in the next, every round of each alike), so more
     rounds in one run do not remove it; runs made apart, in fresh processes, do."""
@@ -195,6 +202,7 @@ def combine_runs(runs: Sequence[Validation], names: Sequence[str] | None = None)
         return first
     points_of: list[tuple[Grid, str, set[str]]] = []  # each grid, its first run, its points
     seen: dict[str, list[Result]] = {}  # each point's result in every run that timed it
+    owns: list[dict[str, Result]] = []  # each run's results by label
     for name, v in zip(names, runs, strict=True):
         if v.grid.decode_steps != first.grid.decode_steps:
             raise UserError(
@@ -218,9 +226,26 @@ def combine_runs(runs: Sequence[Validation], names: Sequence[str] | None = None)
             )
         for label, r in own.items():
             seen.setdefault(label, []).append(r)
+        owns.append(own)
+
+    def times(each: list[Result]) -> list[float]:
+        """Each run's time of the point; a loop of the point's own length (``Point.steps``)
+        anchored on its configuration's loop at the grid's length: its run's ratio to that loop,
+        timed beside it, times that loop's median over every run that timed it."""
+        p = each[0].point
+        base = p.configuration()
+        if p.steps is None or base not in seen:
+            return [x.measured_s for x in each]
+        anchor = statistics.median(x.measured_s for x in seen[base])
+        ratios = [
+            x.measured_s / own[base].measured_s
+            for x, own in zip(each, (o for o in owns if p.label() in o), strict=True)
+            if base in own
+        ]
+        return [anchor * q for q in ratios] or [x.measured_s for x in each]
 
     def one(each: list[Result]) -> Result:
-        ts = [x.measured_s for x in each]
+        ts = times(each)
         median = statistics.median(ts)
         faults = [x.faults_per_call for x in each]
         # the compiled calls' own figure: alike in every run that recorded it
