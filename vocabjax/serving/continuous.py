@@ -155,12 +155,7 @@ class Continuous:
             m = min(staged.left, self.config.max_batch - self.running_at(head))
             if m <= 0:
                 return
-            start = self.now
-            _, batch = self._place(head, m)
-            running = self.running_at(head) + m
-            joined, finished, calls = batch.join_staged(staged, m)
-            for j in joined:
-                self._take(j.tag, start, running)
+            _, _, _, finished, calls = self._join(staged, m)
             self._chunks(calls)
             self._finish(finished)
             if not staged.left:
@@ -198,13 +193,9 @@ class Continuous:
         joining = [Joining(i, self.ids(i, head), self.limit(i), self.key(i)) for i in admitted]
         staged, first = prefill(self.engine, joining, head, config.sampling, config.score_prompts)
         bpbs = [self._stage(j, kv, route, k) for j, kv in zip(staged.joined, reserved, strict=True)]
-        place, batch = self._place(head, n)
-        running = self.running_at(head) + n  # at the head once they joined (some may stop at once)
-        joined, finished, calls = batch.join_staged(staged, n)
+        place, batch, running, finished, calls = self._join(staged, n)
         calls = [first, *calls]
         self._charge(calls)
-        for j in joined:
-            self._take(j.tag, start, running)
         if staged.left:
             self.stages.append(staged)
         self._record_admission(
@@ -215,6 +206,20 @@ class Continuous:
         self._finish(finished)
         if (k + 1) % config.progress_every == 0:
             self.log(self.record.progress_line(len(self.queue), self.now))
+
+    def _join(
+        self, staged: Staged, m: int
+    ) -> tuple[Placement, RunningBatch, int, list[Finished], list[Call]]:
+        """The next ``m`` of ``staged`` join rows at its head now: where they run, the batch,
+        the requests running at the head with them (some may stop at once), the requests that
+        stopped at their first token and the device calls (not yet charged)."""
+        start = self.now
+        place, batch = self._place(staged.head, m)
+        running = self.running_at(staged.head) + m
+        joined, finished, calls = batch.join_staged(staged, m)
+        for j in joined:
+            self._take(j.tag, start, running)
+        return place, batch, running, finished, calls
 
     def _record_admission(
         self,

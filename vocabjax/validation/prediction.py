@@ -142,9 +142,9 @@ def predict(
     decode point's time is per step of a loop of ``decode_steps`` steps per call (the point's
     own ``steps`` where it has them). ``fresh_bytes``: the memory one call of the point maps
     afresh (module docstring)."""
-    decode_steps = point.per_call(decode_steps) if point.family == "decode" else decode_steps
-    q = _predict(point, device, decode_steps)
-    per_unit = fresh_bytes / point.per_call(decode_steps)
+    steps = point.per_call(decode_steps)  # steps per call of a decode point; 1 for the rest
+    q = _predict(point, device, steps)
+    per_unit = fresh_bytes / steps
     fresh_s = per_unit * device.fresh_s_per_byte
     return dataclasses.replace(
         q, fresh_bytes=per_unit, fresh_s=fresh_s, predicted_s=q.predicted_s + fresh_s

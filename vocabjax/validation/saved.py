@@ -200,9 +200,10 @@ def combine_runs(runs: Sequence[Validation], names: Sequence[str] | None = None)
     first = runs[0]
     if len(runs) == 1:
         return first
-    points_of: list[tuple[Grid, str, set[str]]] = []  # each grid, its first run, its points
-    seen: dict[str, list[Result]] = {}  # each point's result in every run that timed it
-    owns: list[dict[str, Result]] = []  # each run's results by label
+    first_of: list[tuple[Grid, str, set[str]]] = []  # each grid, its first run, its points
+    # each point's result in every run that timed it, beside the same run's loop of its
+    # configuration at the grid's length where the point is a loop of its own length
+    seen: dict[str, list[tuple[Result, Result | None]]] = {}
     for name, v in zip(names, runs, strict=True):
         if v.grid.decode_steps != first.grid.decode_steps:
             raise UserError(
@@ -215,37 +216,32 @@ def combine_runs(runs: Sequence[Validation], names: Sequence[str] | None = None)
                 f"{'by shape' if first.by_shape else 'as one set'}: only runs timed alike combine"
             )
         own = {r.point.label(): r for r in v.results}
-        known = [(n, labels) for g, n, labels in points_of if g == v.grid]
-        if not known:
-            points_of.append((v.grid, name, set(own)))
-        other, labels = known[0] if known else (name, set(own))
-        if own.keys() != labels:
+        match = next(((n, labels) for g, n, labels in first_of if g == v.grid), None)
+        if match is None:
+            first_of.append((v.grid, name, set(own)))
+        elif own.keys() != match[1]:
             raise UserError(
-                f"{name}: {len(own.keys() ^ labels)} points differ from {other}'s, a run of "
-                f"the same grid ({v.grid.name!r}): runs of one grid combine only alike"
+                f"{name}: {len(own.keys() ^ match[1])} points differ from {match[0]}'s, a run "
+                f"of the same grid ({v.grid.name!r}): runs of one grid combine only alike"
             )
         for label, r in own.items():
-            seen.setdefault(label, []).append(r)
-        owns.append(own)
+            beside = None if r.point.steps is None else own.get(r.point.configuration())
+            seen.setdefault(label, []).append((r, beside))
 
-    def times(each: list[Result]) -> list[float]:
+    def times(pairs: list[tuple[Result, Result | None]]) -> list[float]:
         """Each run's time of the point; a loop of the point's own length (``Point.steps``)
         anchored on its configuration's loop at the grid's length: its run's ratio to that loop,
         timed beside it, times that loop's median over every run that timed it."""
-        p = each[0].point
-        base = p.configuration()
-        if p.steps is None or base not in seen:
-            return [x.measured_s for x in each]
-        anchor = statistics.median(x.measured_s for x in seen[base])
-        ratios = [
-            x.measured_s / own[base].measured_s
-            for x, own in zip(each, (o for o in owns if p.label() in o), strict=True)
-            if base in own
-        ]
-        return [anchor * q for q in ratios] or [x.measured_s for x in each]
+        ratios = [r.measured_s / b.measured_s for r, b in pairs if b is not None]
+        if not ratios:
+            return [r.measured_s for r, _ in pairs]
+        base = seen[pairs[0][0].point.configuration()]
+        anchor = statistics.median(r.measured_s for r, _ in base)
+        return [anchor * q for q in ratios]
 
-    def one(each: list[Result]) -> Result:
-        ts = times(each)
+    def one(pairs: list[tuple[Result, Result | None]]) -> Result:
+        each = [r for r, _ in pairs]
+        ts = times(pairs)
         median = statistics.median(ts)
         faults = [x.faults_per_call for x in each]
         # the compiled calls' own figure: alike in every run that recorded it
@@ -267,7 +263,7 @@ def combine_runs(runs: Sequence[Validation], names: Sequence[str] | None = None)
     hosts = list(dict.fromkeys(v.host for v in runs))
     return dataclasses.replace(
         first,
-        results=tuple(one(each) for each in seen.values()),
+        results=tuple(one(pairs) for pairs in seen.values()),
         date=f"{first.date} .. {runs[-1].date}" if runs[-1].date != first.date else first.date,
         host="; ".join(hosts),
         seconds=sum(v.seconds for v in runs),
