@@ -1591,10 +1591,10 @@ def autotune(vocab, batch, d_model, dtype, ops, quick, out, fmt):
 @click.option(
     "--grid",
     "grid_name",
-    type=click.Choice(["full", "quick", "loops", "test"]),
-    help="A preset grid by name [default: full; --quick: quick]: loops times decode loops of "
-    "1, 8 and 32 steps a call alone, to fit beside the full grid (test: seconds, for the "
-    "test suite).",
+    type=click.Choice(["full", "quick", "loops", "anchor", "test"]),
+    help="A preset grid by name [default: full; --quick: quick; --anchor: anchor]: loops times "
+    "decode loops of 1, 8 and 32 steps a call alone, to fit beside the full grid; anchor a "
+    "minute of steps (test: seconds, for the test suite).",
 )
 @click.option(
     "--fit",
@@ -1611,16 +1611,27 @@ def autotune(vocab, batch, d_model, dtype, ops, quick, out, fmt):
     "attention, unembedding alone), all, or a comma list of families.",
 )
 @click.option(
+    "--anchor",
+    is_flag=True,
+    help="Scale --device's profile to this machine's speed now: time the anchor grid (about a "
+    "minute: decode loops, prefills, training steps of three shapes; or the --from runs' "
+    "steps), take the median of measured over predicted, and price every time that many "
+    "times as long (--save-profile writes it).",
+)
+@click.option(
     "--save-profile",
     type=OutputFile(),
-    help="With --fit: write the calibrated device profile here (sweep, plan, serve read it).",
+    help="With --fit or --anchor: write the calibrated (or anchored) device profile here "
+    "(sweep, plan, serve read it).",
 )
 @click.option("--out", type=OutputFile(), help="Write the validation JSON (atomically).")
 @click.option(
     "--plot", type=OutputFile(figure=True), help="Write predicted against measured (.png)."
 )
 @format_option
-def validate(device, quick, by_shape, grid_name, saved, fit, fit_on, save_profile, out, plot, fmt):
+def validate(
+    device, quick, by_shape, grid_name, saved, fit, fit_on, anchor, save_profile, out, plot, fmt
+):
     """Time this project's GPT, serving engine and training step on this machine beside the
     cost model's prediction for each point: decode and prefill steps, training steps, and the
     backbone, attention and unembedding ops alone, over shapes, V, B and context lengths.
@@ -1636,9 +1647,12 @@ def validate(device, quick, by_shape, grid_name, saved, fit, fit_on, save_profil
         python cli.py validate --from run1.json --from run2.json --from run3.json --fit
         python cli.py validate --grid loops --out loops.json     # decode loops, 1-32 steps
         python cli.py validate --from run1.json --from loops.json --fit
+        python cli.py validate --device profiles/cpu-calibrated.json --anchor \\
+            --save-profile profiles/cpu-today.json             # the machine's speed today
     """
     from vocabjax import validation
     from vocabjax.hardware import save_device
+    from vocabjax.validation.anchor import anchor_of, anchored
     from vocabjax.validation.fit import calibrate, fit_families
 
     if quick and grid_name not in (None, "quick"):
@@ -1647,8 +1661,10 @@ def validate(device, quick, by_shape, grid_name, saved, fit, fit_on, save_profil
         raise click.UsageError(
             "--from prices a saved run's points: --quick, --grid and --by-shape time new ones"
         )
-    if save_profile and not fit:
-        raise click.UsageError("--save-profile needs --fit")
+    if fit and anchor:
+        raise click.UsageError("--fit and --anchor clash: fit a profile, then anchor it")
+    if save_profile and not (fit or anchor):
+        raise click.UsageError("--save-profile needs --fit or --anchor")
     families = fit_families(fit_on)
     if saved:
         result = validation.read_validations(saved, device)
@@ -1657,7 +1673,7 @@ def validate(device, quick, by_shape, grid_name, saved, fit, fit_on, save_profil
         if result.runs > 1:
             log(_runs_spread_line(result))
     else:
-        name = grid_name or ("quick" if quick else "full")
+        name = grid_name or ("quick" if quick else "anchor" if anchor else "full")
         result = validation.validate(
             device or validation.MEASURE, name, progress=log, by_shape=by_shape
         )
@@ -1669,8 +1685,17 @@ def validate(device, quick, by_shape, grid_name, saved, fit, fit_on, save_profil
         if save_profile:
             save_device(calibrated.fit.profile, save_profile)
             log(f"wrote {save_profile}")
+    speed = anchor_of(result) if anchor else None
+    if speed is not None:
+        log(f"validate: {result.device.name} {speed.line()}")
+        if save_profile:
+            save_device(anchored(result.device, speed), save_profile)
+            log(f"wrote {save_profile}")
     command = "python cli.py " + " ".join(sys.argv[1:])
     doc = validation.document(result, command=command, calibrated=calibrated)
+    if speed is not None:
+        points = {"labels": list(speed.labels), "ratios": list(speed.ratios)}
+        doc["anchor"] = {**speed.record(), **points}
     if out:
         atomic_write_json(out, doc)
         log(f"wrote {out}")
@@ -1683,6 +1708,8 @@ def validate(device, quick, by_shape, grid_name, saved, fit, fit_on, save_profil
         emit(render.rows(validation.point_rows(result), "csv"))
     else:
         emit(_validation_text(result, calibrated, fmt))
+        if speed is not None:
+            emit(f"\n{result.device.name}: {speed.line()}")
 
 
 def _runs_spread_line(result) -> str:

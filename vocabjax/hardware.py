@@ -383,7 +383,8 @@ class DeviceProfile:
 
     @property
     def calibrated(self) -> bool:
-        return self.calibration is not None
+        """Fitted by ``validate --fit`` (an anchor alone scales a profile, fits nothing)."""
+        return bool(set(self.calibration or {}) - {"anchor"})
 
     @classmethod
     def from_json(cls, data: Any, *, where: str = "device profile") -> DeviceProfile:
@@ -625,15 +626,17 @@ DEFAULT_DEVICE = "a100-80gb"
 
 def calibration_note(device: DeviceProfile) -> str:
     """One line saying which efficiencies the costs of ``device`` use."""
-    cal = device.calibration
-    if cal is None:
+    cal = dict(device.calibration or {})
+    anchor = cal.pop("anchor", None)  # validate --anchor: the machine's speed on a later day
+    speed = f"; anchored {anchor['date']}: times x{anchor['total_factor']:.3f}" if anchor else ""
+    if not cal:
         return (
             f"{device.name}: efficiency {device.compute_efficiency:g} (compute), "
-            f"{device.memory_efficiency:g} (memory), not calibrated ({device.source})"
+            f"{device.memory_efficiency:g} (memory), not calibrated{speed} ({device.source})"
         )
     err = cal.get("held_out_median_abs_error_pct", {})
     after = f"; held-out median error {err['after']:.1f}%" if "after" in err else ""
-    return f"{device.name}: calibrated on {cal.get('source', 'measured points')}{after}"
+    return f"{device.name}: calibrated on {cal.get('source', 'measured points')}{after}{speed}"
 
 
 def load_device(name_or_path: str | os.PathLike) -> DeviceProfile:

@@ -14,8 +14,9 @@ A grid is a frozen description; :meth:`Grid.points` lists its points: decode and
 (train V, train B) at one sequence length, backbone over B and unembedding over (V, B) of the
 op axes; each decode point also at the grid's ``loop_steps`` (more steps per call). Presets:
 ``GRIDS["full"]`` (the default of ``validate``), ``"quick"`` (minutes on two CPU cores),
-``"loops"`` (decode loops of 1, 8 and 32 steps per call alone, to fit beside the full grid) and
-``"test"`` (seconds, for the test suite). Shapes beyond ``tiny`` are synthetic, GPT-like (MHA,
+``"loops"`` (decode loops of 1, 8 and 32 steps per call alone, to fit beside the full grid),
+``"anchor"`` (a minute of steps that ``validate --anchor`` scales a profile by) and ``"test"``
+(seconds, for the test suite). Shapes beyond ``tiny`` are synthetic, GPT-like (MHA,
 4D GELU MLP) or Llama-like (GQA, SwiGLU), sized so that on a two-core CPU a step at B = 1 reads
 its weights from memory (memory-bound) and one at B >= 16 is compute-bound.
 """
@@ -217,6 +218,26 @@ def _loops() -> Grid:
     )
 
 
+def _anchor() -> Grid:
+    """A minute of steps across the three shapes' memory- and compute-bound corners, to scale a
+    calibrated profile to the machine's speed today (``validate --anchor``, anchor.py)."""
+    return Grid(
+        name="anchor",
+        shapes=(BUILTIN_SHAPES["tiny"], W256, W512_GQA),
+        vocabs=(1024, 65536),
+        batches=(1, 16),
+        contexts=(64,),
+        prompt_tokens=(64,),
+        train_vocabs=(1024,),
+        train_batches=(1,),
+        train_seq=64,
+        op_vocabs=(),
+        op_batches=(),
+        max_flops=2e10,
+        timing=TimingSettings(warmup=2, repeats=5, min_repeats=3),
+    )
+
+
 def _test() -> Grid:
     return Grid(
         name="test",
@@ -236,11 +257,11 @@ def _test() -> Grid:
     )
 
 
-GRIDS = {"full": _full, "quick": _quick, "loops": _loops, "test": _test}
+GRIDS = {"full": _full, "quick": _quick, "loops": _loops, "anchor": _anchor, "test": _test}
 
 
 def get_grid(name: str) -> Grid:
-    """A preset grid by name (``full``, ``quick`` or ``test``)."""
+    """A preset grid by name (``GRIDS``: full, quick, loops, anchor, test)."""
     if name not in GRIDS:
         raise UserError(f"unknown grid {name!r} (choose from {', '.join(GRIDS)})")
     return GRIDS[name]()
