@@ -1277,9 +1277,9 @@ def _timing_columns(t: dict) -> dict:
     type=click.IntRange(0),
     default=16,
     show_default=True,
-    help="Continuous batching of a trace: when more requests wait than rows are free, prefill "
-    "up to this many together, staging those without a row until rows free (0: only those "
-    "with a row; the --port server admits as rows free).",
+    help="Continuous batching (a trace or --port): when more requests wait than rows are free, "
+    "prefill up to this many together, staging those without a row until rows free (0: only "
+    "those with a row).",
 )
 @_sampling_options
 @click.option(

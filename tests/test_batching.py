@@ -90,7 +90,8 @@ def test_joining_and_leaving_rows_change_no_request_tokens(engine, sampling):
 @pytest.mark.slow
 def test_prompts_prefilled_ahead_join_a_few_at_a_time_with_their_solo_tokens(engine):
     """Four prompts prefilled together, staged, and joined into a batch of two rows one or two
-    at a time as its rows free: every request's tokens are its solo tokens."""
+    at a time as its rows free, one of them cancelled while staged: it never joins, the rows
+    after it join in its place, and every other request's tokens are its solo tokens."""
     sampling = Sampling(temperature=1.0)
     ids = engine.encode(PROMPTS, HEAD)
     which = (0, 1, 3, 4)
@@ -104,14 +105,16 @@ def test_prompts_prefilled_ahead_join_a_few_at_a_time_with_their_solo_tokens(eng
         batch.join_staged(staged, 3)
     joined, done, calls = batch.join_staged(staged, 1)
     assert [j.tag for j in joined] == [0] and staged.left == 3 and calls[-1].kind == "join"
+    assert staged.cancel(3) and not staged.cancel(3) and not staged.cancel(0)  # 0 has joined
+    assert [j.tag for j in staged.waiting] == [1, 4]
     while batch.live or staged.left:
         if staged.left and batch.room:
             joined, done, _ = batch.join_staged(staged, min(batch.room, staged.left))
             got.update({f.tag: f.tokens for f in done})
         done, _ = batch.advance(3)
         got.update({f.tag: f.tokens for f in done})
-    assert sorted(got) == list(which)
-    for i in which:
+    assert sorted(got) == [0, 1, 4]
+    for i in got:
         assert got[i] == solo(engine, i, sampling), f"request {i}"
 
 

@@ -2,7 +2,9 @@
 server. 200 concurrent clients, streaming and not, each get a complete, well-formed response
 with the tokens their prompt gets alone, none lost or duplicated, and /metrics counts them; bad
 requests get one clear 400 line; a client that leaves mid-stream is cleaned up without
-disturbing the others; Ctrl-C drains (503 for new requests, the running ones finish)."""
+disturbing the others; Ctrl-C drains (503 for new requests, the running ones finish). The
+engine loop alone prefills ahead within the KV budget, its staged requests counted, released
+when their clients leave and finished by a drain."""
 
 from __future__ import annotations
 
@@ -23,11 +25,13 @@ uvicorn = pytest.importorskip("uvicorn")
 
 from vocabjax.serving import (  # noqa: E402
     Engine,
+    LiveRequest,
     LiveServer,
     Request,
     Sampling,
     ServeConfig,
     Thresholds,
+    Ticket,
     memory_plan,
 )
 from vocabjax.serving.http import DrainingServer, create_app  # noqa: E402
@@ -232,6 +236,78 @@ def test_ctrl_c_drains_new_requests_get_503_and_the_running_ones_finish(engine):
         "SIGINT: draining (new requests get 503); again to stop at once",
         "drained: every request finished",
     ]
+
+
+# prompts of seven tokens at head 500: requests of one limit reserve equal caches
+SEVEN = ("def main(", "import os", "return self", "print(x)", "import io", "print(y)", "print(z)")
+
+
+class Watched(LiveServer):
+    """The live loop keeping /metrics after every turn; the client of ticket ``leaving`` leaves
+    after the first turn (when the test below has staged its request)."""
+
+    def __init__(self, *args, **options) -> None:
+        super().__init__(*args, **options)
+        self.seen: list[dict] = []
+        self.leaving: Ticket | None = None
+
+    def _publish(self) -> None:
+        super()._publish()
+        self.seen.append(self.metrics())
+        if len(self.seen) == 1 and self.leaving is not None:
+            self.cancel(self.leaving)
+
+
+@pytest.mark.slow
+def test_the_live_server_prefills_ahead_within_the_budget_and_keeps_solo_tokens(engine):
+    """Eight greedy then four sampled requests at once, one row, a budget of four sequences:
+    the prefill of the one that gets the row stages three more (the limit of the budget and
+    b_max, not the seven that wait), /metrics counts them staged, and their caches count
+    against the budget; a staged request whose client leaves is released and never joins; the
+    drain waits for staged requests too; and every request gets exactly the tokens it gets
+    alone."""
+    limit = 6
+    per_position = engine.run.config.shape.kv_elements_per_token * 4  # float32 cache
+    weights = sum(x.size * x.dtype.itemsize for x in engine.run.params.values())
+    assert {len(x) for x in engine.encode(list(SEVEN), HEAD)} == {7}
+    sequence = (7 + limit - 1) * per_position
+    config = ServeConfig(max_batch=1, memory_bytes=weights + 4 * sequence + per_position)
+    cases = [(SEVEN[i % 7], None) for i in range(8)] + [(SEVEN[i], 50 + i) for i in range(4)]
+    plan = memory_plan(engine.run, [Request("r", 0.0, SEVEN[0], limit)], config, lambda _: None)
+    assert plan.b_max[HEAD] == 4 and config.prefill_ahead == 16
+    live = Watched(engine, [(None, HEAD)], config, plan, steps_per_call=2)
+
+    def sampling(seed: int | None) -> Sampling:
+        return Sampling() if seed is None else Sampling(0.8, None, seed)
+
+    tickets = [live.submit(LiveRequest(p, limit, sampling(seed))) for p, seed in cases]
+    leaving = 2
+    live.leaving = tickets[leaving]  # the second of three staged by the first prefill
+    live.start()
+    try:
+        assert live.drain(timeout=120)
+        outcomes = [t.result(timeout=0) for t in tickets]  # all there once it has drained
+    finally:
+        live.stop()
+    first, second, *_ = live.seen
+    assert (first["running"], first["staged"], first["queue_length"]) == (1, 3, 8)
+    assert (second["staged"], second["requests"]["cancelled"]) == (2, 1)  # released at once
+    for m in live.seen:
+        assert m["memory"]["kv_bytes"] == (m["running"] + m["staged"]) * sequence <= plan.kv_budget
+        assert m["requests"]["in_flight"] == m["queue_length"] + m["staged"] + m["running"]
+    # the drain waited for a staged request alone (nothing waiting, nothing running)
+    assert any(m["staged"] and not m["running"] and not m["queue_length"] for m in live.seen)
+    assert outcomes[leaving].stop == "cancelled" and outcomes[leaving].head is None
+    for i, ((prompt, seed), outcome) in enumerate(zip(cases, outcomes, strict=True)):
+        if i == leaving:
+            continue
+        want = engine.generate([prompt], head=HEAD, max_new_tokens=limit, sampling=sampling(seed))
+        assert outcome.tokens == want.completions[0].tokens, (prompt, seed)
+    assert len({o.tokens for o in outcomes}) > 8  # varied tokens: the check has teeth
+    last = live.seen[-1]
+    assert last["requests"] == {"submitted": 12, "completed": 11, "cancelled": 1, "failed": 0,
+                                "in_flight": 0}  # fmt: skip
+    assert last["staged"] == 0 and last["memory"]["kv_bytes"] == 0
 
 
 def test_port_takes_no_static_batching(served_run_dir, tmp_path):

@@ -227,6 +227,30 @@ def test_admission_takes_arrived_requests_first_come_first_served():
     assert admit(queue, 4, 2.0, max_batch=4) == 5
 
 
+def test_a_prefill_takes_ahead_waiting_prompts_of_its_length_within_rows_memory_and_b_max():
+    """``staging.ahead``: only while rows hold the next request back; only prompts of the
+    joining ones' padded length; a power of two of rows, at most ``most``; within the budget
+    and b_max beside what is held and running."""
+    from vocabjax.serving.staging import ahead
+
+    buckets = [16, 32, 16, 16, 16, 16, 16, 16, 16]  # the waiting requests past the joining
+    roomy = dict(held_bytes=0, running=2, b_max=100, kv_budget=100)
+
+    def picks(joining=2, wait="rows", most=16, need=1, **limits):
+        limits = {**roomy, **limits}
+        need_bytes = [need] * len(buckets)
+        return ahead(16, buckets, need_bytes, joining=joining, wait=wait, most=most, **limits)
+
+    assert picks() == [0, 2, 3, 4, 5, 6]  # 2 + 6 = 8 rows, the 32-token prompt left out
+    assert picks(wait="memory") == [] and picks(wait=None) == []
+    assert picks(most=4) == [0, 2] and picks(most=2) == [] and picks(most=0) == []
+    assert picks(joining=3) == [0, 2, 3, 4, 5]  # 3 + 8 fit: 8 rows, the largest power of two
+    assert picks(joining=3, most=6) == [0]  # 3 + 3: 4 rows
+    assert picks(held_bytes=96) == [0, 2]  # four fit the budget beside what is held
+    assert picks(b_max=6) == [0, 2]  # and b_max beside the running
+    assert picks(b_max=2) == [] and picks(need=101) == []
+
+
 def test_serve_config_pads_batches_to_powers_of_two():
     c = ServeConfig(max_batch=24)
     assert [c.rows(b) for b in (1, 2, 3, 5, 17, 24)] == [1, 2, 4, 8, 24, 24]
@@ -236,8 +260,8 @@ def test_serve_config_pads_batches_to_powers_of_two():
 
 
 def test_serve_passes_prefill_ahead_to_its_config(monkeypatch):
-    """``serve --prefill-ahead N`` reaches ``ServeConfig.prefill_ahead`` (16 by default); a
-    negative one is refused when parsed."""
+    """``serve --prefill-ahead N`` reaches ``ServeConfig.prefill_ahead`` (16 by default), the
+    --port server's too; a negative one is refused when parsed."""
     seen = []
 
     def config_of(options):
@@ -246,7 +270,12 @@ def test_serve_passes_prefill_ahead_to_its_config(monkeypatch):
 
     monkeypatch.setattr(ServeConfig, "from_options", staticmethod(config_of))
     runner = CliRunner()
-    for args, want in (([], 16), (["--prefill-ahead", "0"], 0), (["--prefill-ahead", "4"], 4)):
+    for args, want in (
+        ([], 16),
+        (["--prefill-ahead", "0"], 0),
+        (["--prefill-ahead", "4"], 4),
+        (["--port", "8000", "--prefill-ahead", "2"], 2),
+    ):
         result = runner.invoke(cli.main, ["serve", "--run", "x", "--policy", "y", *args])
         assert result.exit_code == 1 and seen[-1] == want, result.output
     result = runner.invoke(

@@ -5,6 +5,8 @@ decode.py      the device side: prefill and the on-device decode loop as pure, j
                functions of a DecodeConfig, with their carry (Decoding); Sampling
 engine.py      load_run, Engine: host packing of prompts, the compile cache, timed generation
 batching.py    RunningBatch: continuous batching, requests joining and leaving a running batch
+staging.py     prefilling ahead: which waiting requests a prefill also takes (ahead), and the
+               queue of staged prefills joining rows as rows free (Stages); both loops use it
 router.py      load_policy, choose_head / shift_head / offset_bounds, route_batch, router_step
 trace.py       Request, load_trace / write_trace (JSONL), demo_trace and poisson_trace
                (builtin corpus)

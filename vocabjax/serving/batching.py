@@ -15,7 +15,8 @@ first tokens and counters written into free rows (``decode.join``). The two halv
 callable apart: ``prefill`` of more prompts than there are free rows keeps their caches staged
 on the device (``Staged``), and ``join_staged`` writes the next of them into rows as rows free,
 so a caller can prefill several waiting prompts in one larger call and join them a few at a
-time:
+time (``staging.py`` decides which; a staged request whose client leaves is skipped,
+``Staged.cancel``):
 
     staged, call = prefill(engine, [Joining(...), ...], head=500, sampling=s, score=True)
     joined, done, calls = batch.join_staged(staged, 2)   # the first two; staged.left: the rest
@@ -158,15 +159,20 @@ def _padded(
 @dataclasses.dataclass
 class Staged:
     """Prompts prefilled together, waiting to join running rows (``RunningBatch.join_staged``
-    takes them in order): their caches, first tokens, lengths, limits and keys on the device,
-    as rows of their own prefill (padding rows last), and each one's prompt tokens and nats."""
+    takes them in order, skipping any cancelled): their caches, first tokens, lengths, limits
+    and keys on the device, as rows of their own prefill (padding rows last), and each one's
+    prompt tokens and nats."""
 
     head: int
     joining: tuple[Joining, ...]
     joined: tuple[Joined, ...]
     bucket: int  # their padded prompt length
     arrays: tuple[Any, jax.Array, jax.Array, jax.Array, jax.Array]  # caches, first, len, limit, key
-    taken: int = 0  # how many have joined rows: the next is ``joining[taken]``
+    # rows still to join, in order: not joined and not cancelled
+    pending: list[int] = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.pending = list(range(len(self.joining)))
 
     @property
     def rows(self) -> int:
@@ -176,7 +182,20 @@ class Staged:
     @property
     def left(self) -> int:
         """Requests still to join."""
-        return len(self.joining) - self.taken
+        return len(self.pending)
+
+    @property
+    def waiting(self) -> tuple[Joining, ...]:
+        """The requests still to join, in order."""
+        return tuple(self.joining[r] for r in self.pending)
+
+    def cancel(self, tag: Any) -> bool:
+        """The request ``tag`` will not join (its client left): its row is skipped. False when
+        it is not still to join here."""
+        rows = [r for r in self.pending if self.joining[r].tag == tag]
+        if rows:
+            self.pending.remove(rows[0])
+        return bool(rows)
 
 
 def prefill(
@@ -310,8 +329,9 @@ class RunningBatch:
         running = self.live
         free = [r for r, row in enumerate(self._rows) if row is None][:n]
         m_pad = pow2_rows(n, staged.rows)
-        first = staged.taken
-        pick_m = np.arange(first, first + m_pad, dtype=np.int32) % staged.rows
+        picks = staged.pending[:n]
+        pad = [(picks[-1] + 1 + i) % staged.rows for i in range(m_pad - n)]  # dropped below
+        pick_m = np.asarray(picks + pad, np.int32)
         slots_m = np.asarray(free + [self.rows] * (m_pad - n), np.int32)  # past the end: dropped
         args = (
             self._state,
@@ -328,8 +348,9 @@ class RunningBatch:
         )
         self._state, self._keys_b = join(*args)
         counts = jax.device_get(self._counts())
-        staged.taken += n
-        for r, j in zip(free, staged.joining[first : first + n], strict=True):
+        del staged.pending[:n]
+        for r, p in zip(free, picks, strict=True):
+            j = staged.joining[p]
             self._rows[r] = _Row(j.tag, len(j.ids), staged.head, len(j.ids) + j.limit)
         finished = self._collect(counts)
         compiled += compile_j
@@ -339,7 +360,7 @@ class RunningBatch:
             bucket=staged.bucket,
         )  # fmt: skip
         return (
-            list(staged.joined[first : first + n]),
+            [staged.joined[p] for p in picks],
             finished,
             calls + [join_call, *self._shrink()],
         )

@@ -17,9 +17,9 @@ Each round, at the clock's ``now``:
    quality controller. When more requests wait than rows are free, up to
    ``ServeConfig.prefill_ahead`` of them are prefilled in that one call (within the KV budget
    and b_max: a staged cache is held memory) and the ones without a row are staged
-   (``batching.Staged``): they join, first come first served, as rows free, ahead of any new
-   prefill, so prefills run at many rows instead of the one or two a stop frees. A request
-   that waits for memory is logged once and counted;
+   (``staging.py``, shared with the live server): they join, first come first served, as rows
+   free, ahead of any new prefill, so prefills run at many rows instead of the one or two a
+   stop frees. A request that waits for memory is logged once and counted;
 3. decoding: every group with running requests runs ``RunningBatch.advance(k)`` (its on-device
    loop), which ends early when a request stops. k runs to the step at which a request stops
    when requests are waiting or staged (a stop frees a row and its memory), else to about the next
@@ -46,7 +46,7 @@ import numpy as np
 from vocabjax.errors import UserError
 from vocabjax.hardware import DeviceProfile
 from vocabjax.progress import Progress
-from vocabjax.serving.admission import MemoryPlan, admit_count, human_bytes
+from vocabjax.serving.admission import MemoryPlan, Wait, admit_count, human_bytes
 from vocabjax.serving.batching import (
     Call,
     Finished,
@@ -68,6 +68,7 @@ from vocabjax.serving.records import (
     _Record,
 )
 from vocabjax.serving.router import RoutedBatch, Routes, route_batch
+from vocabjax.serving.staging import Stages, ahead
 from vocabjax.serving.trace import Request
 
 
@@ -116,7 +117,7 @@ class Continuous:
         self.numbers: dict[RunningBatch, int] = {}  # each group's number, in order of creation
         self.held: dict[int, _Held] = {}  # requests in rows
         self.staged: dict[int, _Held] = {}  # requests prefilled ahead, without a row yet
-        self.stages: collections.deque[Staged] = collections.deque()  # their prefills, in order
+        self.stages = Stages()  # their prefills, in order
         self.memory_waits: set[int] = set()
         # (head, rows, mixed) -> the last measured seconds per decode step
         self.per_step: dict[tuple[int, int, bool], float] = {}
@@ -149,17 +150,13 @@ class Continuous:
 
     def _join_stages(self) -> None:
         """Staged requests join rows at their head, in order, while rows are free."""
-        while self.stages:
-            staged = self.stages[0]
-            head = staged.head
-            m = min(staged.left, self.config.max_batch - self.running_at(head))
-            if m <= 0:
-                return
+
+        def join(staged: Staged, m: int) -> None:
             _, _, _, finished, calls = self._join(staged, m)
             self._chunks(calls)
             self._finish(finished)
-            if not staged.left:
-                self.stages.popleft()
+
+        self.stages.join(lambda s: self.config.max_batch - self.running_at(s.head), join)
 
     def _prefill(self) -> None:
         """The waiting requests that fit are prefilled together at the routed head, and those
@@ -196,8 +193,7 @@ class Continuous:
         place, batch, running, finished, calls = self._join(staged, n)
         calls = [first, *calls]
         self._charge(calls)
-        if staged.left:
-            self.stages.append(staged)
+        self.stages.add(staged)
         self._record_admission(
             k, start, calls, route, len(admitted), _mean(bpbs), running, batch, place
         )
@@ -260,29 +256,25 @@ class Continuous:
             )
         )
 
-    def _ahead(self, need: Sequence[int], n: int, wait: str | None, head: int) -> list[int]:
+    def _ahead(self, need: Sequence[int], n: int, wait: Wait | None, head: int) -> list[int]:
         """Which more waiting requests (positions in the queue past the ``n`` that get a row)
-        are prefilled now and staged: while rows (not memory) hold them back, the next ones
-        whose prompts pad to the padded length of the ``n`` (so that they add rows to the
-        prefill, not length to every row), up to ``prefill_ahead`` in all and a power of two
-        of rows (a prefill runs as one; padding rows would be work for nothing), within the
-        KV budget and the head's b_max beside those running and joining."""
-        most = self.config.prefill_ahead
-        if wait != "rows" or most <= n:
-            return []
+        are prefilled now and staged (``staging.ahead``: up to ``prefill_ahead`` in all, of
+        the ``n``'s padded length, within the KV budget and b_max)."""
         max_seq = self.run.max_seq
         buckets = [bucket_length(len(self.ids(i, head)), max_seq) for i in self.waiting]
-        fits = [p for p in range(n, len(buckets)) if buckets[p] == max(buckets[:n])]
-        extra, _ = admit_count(
-            [need[p] for p in fits],
+        picks = ahead(
+            max(buckets[:n]),
+            buckets[n:],
+            need[n:],
+            joining=n,
+            wait=wait,
+            most=self.config.prefill_ahead,
             held_bytes=self.kv_bytes + sum(need[:n]),
-            running=0,
-            max_batch=most - n,
-            b_max=self.plan.b_max[head] - self.running_at(head) - n,
+            running=self.running_at(head) + n,
+            b_max=self.plan.b_max[head],
             kv_budget=self.plan.kv_budget,
         )
-        rows = 1 << ((n + extra).bit_length() - 1)  # the largest power of two within them
-        return fits[: max(rows - n, 0)]
+        return [n + p for p in picks]
 
     def _stage(self, j: Joined, kv: int, route: RoutedBatch, k: int) -> float | None:
         """A prefilled request is staged with its KV bytes (held memory from now), and its

@@ -15,10 +15,15 @@ bits per byte moves) or the head a request asks for, within the KV plan's memory
 (``admission.admit_count``; a running batch per head and sampling setting, since a batch is
 compiled for one temperature and top-k), and then runs every running batch for at most
 ``steps_per_call`` decode steps (fewer when a request stops), so new requests join within a
-few steps. Streaming requests get the text their new tokens add after each call. A request's
-tokens are those ``Engine.generate`` gives its prompt alone with its seed.
+few steps. When more requests wait than rows are free, a batch's prefill also takes up to
+``ServeConfig.prefill_ahead`` waiting requests of its head, sampling setting and padded prompt
+length in all, within the KV plan; those without a row are staged and join, first come first
+served, as rows free, ahead of any new prefill (``staging.py``, as on the virtual clock).
+Streaming requests get the text their new tokens add after each call. A request's tokens are
+those ``Engine.generate`` gives its prompt alone with its seed.
 
-``drain()`` refuses new requests (``Draining``) and waits for the held ones to finish.
+``drain()`` refuses new requests (``Draining``) and waits for the held ones, staged or
+running, to finish.
 """
 
 from __future__ import annotations
@@ -36,15 +41,26 @@ import time
 from collections.abc import Sequence
 from typing import Any, Literal
 
+import numpy as np
+
 from vocabjax.errors import UserError
 from vocabjax.progress import Progress
-from vocabjax.serving.admission import MemoryPlan, admit_count
-from vocabjax.serving.batching import Call, Finished, Joining, RunningBatch, solo_key
+from vocabjax.serving.admission import MemoryPlan, Wait, admit_count
+from vocabjax.serving.batching import (
+    Call,
+    Finished,
+    Joining,
+    RunningBatch,
+    Staged,
+    prefill,
+    solo_key,
+)
 from vocabjax.serving.controller import QualityController, Thresholds
 from vocabjax.serving.decode import Sampling
-from vocabjax.serving.engine import Engine, prompt_ids
+from vocabjax.serving.engine import Engine, bucket_length, prompt_ids
 from vocabjax.serving.records import ServeConfig
 from vocabjax.serving.router import Routes, offset_bounds, route_batch
+from vocabjax.serving.staging import Stages, ahead
 
 STEPS_PER_CALL = 8  # decode steps between looks at the queue
 IDLE_WAIT_S = 0.05  # how long an idle loop sleeps before it looks again (a submit wakes it)
@@ -119,16 +135,29 @@ class Ticket:
                 return event
 
 
-@dataclasses.dataclass
-class _Held:
-    """A request in a running batch."""
+Key = tuple[int, float, int | None]  # a running batch's (head, temperature, top_k)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Admitted:
+    """A waiting request taken into a prefill."""
 
     ticket: Ticket
-    batch: tuple[int, float, int | None]  # its running batch: (head, temperature, top_k)
+    ids: np.ndarray  # its prompt ids at its head
+    need: int  # the KV cache it reserves
+    offset: int | None  # the controller's offset it was routed at (None: a fixed head)
+
+
+@dataclasses.dataclass
+class _Held:
+    """A request in a running batch, or staged for one."""
+
+    ticket: Ticket
+    batch: Key  # its running batch
     kv_bytes: int
     prompt_tokens: int
     offset: int | None  # the controller's offset it was routed at (None: a fixed head)
-    joined: float
+    joined: float  # when it got a row (staged: when it was prefilled, until then)
     prompt_bpb: float | None = None
     sent: str = ""  # text posted so far (streaming)
 
@@ -177,8 +206,11 @@ class LiveServer:
         self._inbox: list[Ticket] = []
         self._cancels: set[int] = set()
         self._waiting: collections.deque[Ticket] = collections.deque()
-        self._batches: dict[tuple[int, float, int | None], RunningBatch] = {}
-        self._held: dict[int, _Held] = {}
+        self._prompt_ids: dict[tuple[int, int], np.ndarray] = {}  # (ticket, head) -> its ids
+        self._batches: dict[Key, RunningBatch] = {}
+        self._held: dict[int, _Held] = {}  # requests in rows
+        self._staged: dict[int, _Held] = {}  # requests prefilled ahead, without a row yet
+        self._stages = Stages()  # their prefills, in order
         self._waited: set[int] = set()
         self._last_head: int | None = None
         self._counts = _Counts(by_head={v: _head_counts() for v in self.heads})
@@ -188,6 +220,7 @@ class LiveServer:
         self._running: dict[int, int] = {v: 0 for v in self.heads}
         self._queued = 0  # waiting requests (never fewer than there are)
         self._holding = 0
+        self._staging = 0
         self._kv_bytes = 0
         self._window: float | None = None  # the controller's windowed bits per byte
         self._offset = 0
@@ -266,9 +299,10 @@ class LiveServer:
                     "completed": c.completed,
                     "cancelled": c.cancelled,
                     "failed": c.failed,
-                    "in_flight": len(self._inbox) + self._queued + self._holding,
+                    "in_flight": len(self._inbox) + self._queued + self._staging + self._holding,
                 },
                 "queue_length": len(self._inbox) + self._queued,
+                "staged": self._staging,
                 "running": sum(running.values()),
                 "by_head": [{"head": v, "running": running[v], **c.by_head[v]} for v in self.heads],
                 "windowed_bpb": None if window is None else round(window, 4),
@@ -283,9 +317,9 @@ class LiveServer:
             }
 
     def _idle(self) -> bool:
-        """Nothing submitted, waiting or running (the engine thread's published counts, which
-        a request leaves only at the end of the turn that ended it)."""
-        return not (self._inbox or self._queued or self._holding)
+        """Nothing submitted, waiting, staged or running (the engine thread's published counts,
+        which a request leaves only at the end of the turn that ended it)."""
+        return not (self._inbox or self._queued or self._staging or self._holding)
 
     # ---- the engine thread --------------------------------------------------------------------
 
@@ -312,16 +346,15 @@ class LiveServer:
         self._fail_all(Draining("the server stopped"))
 
     def _publish(self) -> None:
-        """What the other threads read: the requests waiting and running per head, the cache
-        they hold, the controller's window and offset."""
-        running = {v: 0 for v in self.heads}
-        for (head, *_), batch in self._batches.items():
-            running[head] += batch.live
+        """What the other threads read: the requests waiting, staged and running per head, the
+        cache they hold, the controller's window and offset."""
+        running = {v: self._running_at(v) for v in self.heads}
         with self._lock:
             self._running = running
             self._queued = len(self._waiting)
+            self._staging = len(self._staged)
             self._holding = len(self._held)
-            self._kv_bytes = sum(h.kv_bytes for h in self._held.values())
+            self._kv_bytes = self._reserved()
             if self.controller is not None:
                 self._window, self._offset = self.controller.window_mean, self.controller.offset
             self._lock.notify_all()
@@ -332,6 +365,10 @@ class LiveServer:
             for t in gone:
                 self._waiting.remove(t)
                 self._end(t, _outcome(t, "", (), "cancelled"), None)
+            staged = self._staged.pop(number, None)
+            if staged is not None:  # its reservation is free now, its stage's caches once unused
+                self._stages.cancel(number)
+                self._end(staged.ticket, _outcome(staged.ticket, "", (), "cancelled"), None)
             held = self._held.pop(number, None)
             if held is not None:
                 self._batches[held.batch].cancel(number)
@@ -339,21 +376,23 @@ class LiveServer:
                 self._end(held.ticket, outcome, None)
 
     def _admit(self) -> None:
-        """Waiting requests join running batches, first come first served, while they fit."""
-        joining: dict[tuple[int, float, int | None], list[Joining]] = collections.defaultdict(list)
-        admitted: list[tuple[Ticket, tuple[int, float, int | None], int, int, int | None]] = []
-        running = {v: 0 for v in self.heads}
-        for (head, *_), batch in self._batches.items():
-            running[head] += batch.live
-        held_bytes = sum(h.kv_bytes for h in self._held.values())
+        """Staged requests join rows as rows free; once none is staged, waiting requests join
+        running batches, first come first served, while they fit, each batch's prefill taking
+        more waiting requests ahead when rows hold the next one back (``_ahead``)."""
+        self._stages.join(lambda s: self.config.max_batch - self._running_at(s.head), self._join)
+        if self._stages:
+            return
+        groups: dict[Key, list[_Admitted]] = collections.defaultdict(list)
+        running = {v: self._running_at(v) for v in self.heads}
+        held_bytes = self._reserved()
+        wait: Wait | None = None  # why the first request left waiting waits, and at which head
+        load = blocked = 0
         while self._waiting:
             ticket = self._waiting[0]
             request = ticket.request
-            if request.head is not None:
-                head, offset = request.head, None
-            else:
-                head, offset = self._route(len(self._held) + len(admitted) + len(self._waiting))
-            ids = self.engine.encode([request.prompt], head)[0]
+            load = len(self._held) + sum(map(len, groups.values())) + len(self._waiting)
+            head, offset = self._head(request, load, count=True)
+            ids = self._ids(ticket, head)
             need = self.plan.sequence_bytes(len(ids), request.max_tokens)
             n, wait = admit_count(
                 [need],
@@ -364,42 +403,118 @@ class LiveServer:
                 kv_budget=self.plan.kv_budget,
             )
             if n == 0:
-                if wait == "memory" and not self._held and not admitted:
+                if wait == "memory" and not self._held and not groups:
                     self._waiting.popleft()
                     error = f"its KV cache at head {head} does not fit the memory budget"
                     self._end(ticket, _outcome(ticket, "", (), "failed", error=error), None)
+                    wait = None
                     continue
                 if wait == "memory" and ticket.number not in self._waited:
                     self._waited.add(ticket.number)
                     self._counts.memory_waits += 1
+                blocked = head
                 break
             self._waiting.popleft()
             s = request.sampling
-            key = (head, s.temperature, s.top_k)
-            joining[key].append(Joining(ticket.number, ids, request.max_tokens, solo_key(s.seed)))
-            admitted.append((ticket, key, need, len(ids), offset))
+            groups[(head, s.temperature, s.top_k)].append(_Admitted(ticket, ids, need, offset))
             running[head] += 1
             held_bytes += need
-        now = time.perf_counter()
-        for t, key, need, tokens, offset in admitted:
-            self._held[t.number] = _Held(t, key, need, tokens, offset, now)
-        for key, group in joining.items():
-            batch = self._batch(key)
-            joined, finished, calls = batch.join(group)
-            self._compiled(calls)
-            for j in joined:
-                self._observe(self._held[j.tag], j.prompt_nats)
-            self._finished(finished)
+        for key, group in groups.items():
+            # a batch prefills ahead when rows at its own head hold the next request back
+            here = wait if key[0] == blocked else None
+            picks = self._ahead(key, group, here, load, held_bytes, running[key[0]])
+            held_bytes += sum(a.need for a in picks)
+            running[key[0]] += len(picks)  # a staged cache counts against b_max
+            self._prefill(key, group, picks)
 
-    def _route(self, load: int) -> tuple[int, int]:
-        """The router's head for B = ``load`` (at most max_batch), and the offset it used."""
+    def _ahead(
+        self,
+        key: Key,
+        group: Sequence[_Admitted],
+        wait: Wait | None,
+        load: int,
+        held: int,
+        running: int,
+    ) -> list[_Admitted]:
+        """The waiting requests that ``group``'s prefill also takes and stages, out of the
+        queue (``staging.ahead``: those routed at ``load`` to its head and of its sampling
+        setting and padded prompt length, up to ``prefill_ahead`` in all, within the KV budget
+        and b_max beside ``held`` bytes and ``running`` requests at its head)."""
+        if wait != "rows" or self.config.prefill_ahead <= len(group):
+            return []  # ``ahead`` takes none: the queue need not be read
+        head, max_seq = key[0], self.engine.run.max_seq
+        same: list[_Admitted] = []
+        for ticket in self._waiting:
+            request, s = ticket.request, ticket.request.sampling
+            at, offset = self._head(request, load)
+            if (at, s.temperature, s.top_k) == key:
+                ids = self._ids(ticket, head)
+                need = self.plan.sequence_bytes(len(ids), request.max_tokens)
+                same.append(_Admitted(ticket, ids, need, offset))
+        picks = ahead(
+            max(bucket_length(len(a.ids), max_seq) for a in group),
+            [bucket_length(len(a.ids), max_seq) for a in same],
+            [a.need for a in same],
+            joining=len(group),
+            wait=wait,
+            most=self.config.prefill_ahead,
+            held_bytes=held,
+            running=running,
+            b_max=self.plan.b_max[head],
+            kv_budget=self.plan.kv_budget,
+        )
+        taken = {same[p].ticket.number for p in picks}
+        self._waiting = collections.deque(t for t in self._waiting if t.number not in taken)
+        return [same[p] for p in picks]
+
+    def _prefill(self, key: Key, group: Sequence[_Admitted], picks: Sequence[_Admitted]) -> None:
+        """One prefill of ``group`` and ``picks`` at ``key``'s head: ``group`` joins its running
+        batch, ``picks`` are staged until rows free. Every prompt's bits per byte goes to the
+        quality controller now."""
+        batch = self._batch(key)
+        admitted = [*group, *picks]
+        joining = [
+            Joining(a.ticket.number, a.ids, a.ticket.request.max_tokens,
+                    solo_key(a.ticket.request.sampling.seed))
+            for a in admitted
+        ]  # fmt: skip
+        started = time.perf_counter()
+        staged, call = prefill(self.engine, joining, key[0], batch.sampling, batch.score)
+        self._compiled([call])
+        for a, j in zip(admitted, staged.joined, strict=True):
+            held = _Held(a.ticket, key, a.need, len(a.ids), a.offset, started)
+            self._staged[a.ticket.number] = held
+            self._observe(held, j.prompt_nats)
+        self._join(staged, len(group), started)
+        self._stages.add(staged)
+
+    def _join(self, staged: Staged, m: int, started: float | None = None) -> None:
+        """The next ``m`` of ``staged`` join rows of their running batch, joined ``started``
+        (by default now: the join call gives them their rows)."""
+        key = self._staged[staged.waiting[0].tag].batch
+        joined_at = time.perf_counter() if started is None else started
+        joined, finished, calls = self._batch(key).join_staged(staged, m)
+        self._compiled(calls)
+        for j in joined:
+            self._held[j.tag] = dataclasses.replace(self._staged.pop(j.tag), joined=joined_at)
+        self._finished(finished)
+
+    def _head(
+        self, request: LiveRequest, load: int, *, count: bool = False
+    ) -> tuple[int, int | None]:
+        """The head ``request`` gets and the controller's offset it is routed at (None: a fixed
+        head): the router's for B = ``load`` (at most max_batch); ``count``: a new head counts
+        as a router switch."""
+        if request.head is not None:
+            return request.head, None
         offset = 0 if self.controller is None else self.controller.offset
         route = route_batch(
             self.heads, self.routes, batch=min(load, self.config.max_batch), offset=offset
         )
-        if self._last_head is not None and route.head != self._last_head:
-            self._counts.router_switches += 1
-        self._last_head = route.head
+        if count:
+            if self._last_head is not None and route.head != self._last_head:
+                self._counts.router_switches += 1
+            self._last_head = route.head
         return route.head, offset
 
     def _observe(self, held: _Held, nats: float | None) -> None:
@@ -468,6 +583,8 @@ class LiveServer:
         self._end(held.ticket, outcome, head)
 
     def _end(self, ticket: Ticket, outcome: Outcome, head: int | None) -> None:
+        for v in self.heads:
+            self._prompt_ids.pop((ticket.number, v), None)
         with self._lock:
             c = self._counts
             if outcome.stop == "cancelled":
@@ -492,16 +609,35 @@ class LiveServer:
             self._waiting.clear()
         for ticket in pending:
             self._end(ticket, _outcome(ticket, "", (), "failed", error=str(exc)), None)
-        for held in list(self._held.values()):
-            self._held.pop(held.ticket.number)
+        for held in [*self._staged.values(), *self._held.values()]:
+            self._staged.pop(held.ticket.number, None)
+            self._held.pop(held.ticket.number, None)
             self._end(held.ticket, _outcome(held.ticket, "", (), "failed", error=str(exc)), None)
         if not isinstance(exc, Draining):
             self.log(
-                f"  engine error, {len(pending)} waiting and the running requests failed: {exc}"
+                f"  engine error, {len(pending)} waiting and the staged and running requests "
+                f"failed: {exc}"
             )
+        self._stages.clear()
         self._batches.clear()
 
-    def _batch(self, key: tuple[int, float, int | None]) -> RunningBatch:
+    def _running_at(self, head: int) -> int:
+        """The requests in rows at ``head``, in every running batch."""
+        return sum(b.live for (v, *_), b in self._batches.items() if v == head)
+
+    def _reserved(self) -> int:
+        """The KV cache every running or staged request reserves."""
+        return sum(h.kv_bytes for h in [*self._held.values(), *self._staged.values()])
+
+    def _ids(self, ticket: Ticket, head: int) -> np.ndarray:
+        """``ticket``'s prompt ids at ``head``, encoded once while it is in the loop."""
+        if (ticket.number, head) not in self._prompt_ids:
+            self._prompt_ids[(ticket.number, head)] = self.engine.encode(
+                [ticket.request.prompt], head
+            )[0]
+        return self._prompt_ids[(ticket.number, head)]
+
+    def _batch(self, key: Key) -> RunningBatch:
         if key not in self._batches:
             head, temperature, top_k = key
             self._batches[key] = RunningBatch(

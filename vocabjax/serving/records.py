@@ -63,9 +63,9 @@ class ServeConfig:
     # unembedding of every prompt position), the quality controller's signal; off: no scoring,
     # no prompt bits per byte, and no controller
     score_prompts: bool = True
-    # continuous: when more requests wait than rows are free, prefill up to this many together
-    # (the ones without a row staged, their caches held, joining as rows free); 0 or 1: a
-    # prefill takes only the requests that get a row now
+    # continuous and live: when more requests wait than rows are free, prefill up to this many
+    # together (the ones without a row staged, their caches held, joining as rows free); 0 or
+    # 1: a prefill takes only the requests that get a row now
     prefill_ahead: int = 16
 
     def __post_init__(self) -> None:
