@@ -22,6 +22,7 @@ import _common  # noqa: F401  (puts the checkout on sys.path)
 from _common import ROOT, figure_path, write_doc
 
 from vocabjax import validation
+from vocabjax.validation.anchor import anchor_of, anchored
 from vocabjax.validation.fit import calibrate
 from vocabjax.validation.grid import FAMILIES, STEP_FAMILIES
 
@@ -30,6 +31,10 @@ FULL = tuple(f"validation_cpu_full_{i}.json" for i in (6, 7, 8, 9, 10))
 QUICK = tuple(f"validation_cpu_quick_{i}.json" for i in (6, 7, 8, 9, 10))
 # decode loops alone at 1, 8 and 32 steps a call (``validate --grid loops``), fitted beside FULL
 LOOPS = tuple(f"validation_cpu_loops_{i}.json" for i in (1, 2))
+# a later day's runs, priced by the profile fitted on FULL + LOOPS: the anchor grid timed
+# before and after a loops-grid run (``validate --anchor``), and that loops run
+ANCHORS = tuple(f"anchor_cpu_{i}.json" for i in (1, 2))
+LATER = "validation_cpu_loops_3.json"
 FIGURE = "validation_cpu_full.png"
 TARGET = (10.0, 30.0)  # issue 10: median and worst |error| of the held-out steps, percent
 
@@ -130,6 +135,47 @@ def repeatability(runs, combined) -> list[str]:
     return lines
 
 
+def _signed(results) -> str:
+    e = sorted(r.error_pct for r in results)
+    return f"{statistics.median(e):+.1f}" if e else "-"
+
+
+def later_day(profile) -> list[str]:
+    """The profile fitted on one day's runs pricing a later day's loops run, as it is and
+    anchored by each anchor run (its factor from that run's steps alone), beside the factor that
+    would fit the later run best (its own median ratio: what no anchor can beat). The points of
+    configurations the anchor grid also timed are told apart from the rest."""
+    later = validation.read_validation(DATA / LATER, profile)
+    anchors = [validation.read_validation(DATA / name, profile) for name in ANCHORS]
+    shared = {r.point.configuration() for a in anchors for r in a.results}
+    own = anchor_of(later)
+    rows = [("fitted, not anchored", profile, "-")]
+    for name, a in zip(ANCHORS, anchors, strict=True):
+        speed = anchor_of(a)
+        rows.append((f"anchored by `{name}` ({a.date})", anchored(profile, speed), speed))
+    rows.append(("anchored by the later run itself (the best one factor can do)",
+                 anchored(profile, own), own))  # fmt: skip
+    lines = [
+        "| profile | factor | all: n | median | worst | signed median | not in the anchor "
+        "grid: n | median | worst |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for what, p, speed in rows:
+        results = validation.read_validation(DATA / LATER, p).results
+        rest = [r for r in results if r.point.configuration() not in shared]
+        factor = "-" if speed == "-" else f"{speed.factor:.3f}"
+        lines.append(
+            f"| {what} | {factor} | {len(results)} | {_cells(results)} | {_signed(results)} | "
+            f"{len(rest)} | {_cells(rest)} |"
+        )
+    return [
+        f"- {run_line(later, LATER)}",
+        *(f"- {run_line(a, name)} {anchor_of(a).line()}." for name, a in zip(ANCHORS, anchors)),
+        "",
+        *lines,
+    ]
+
+
 def each_run(names, runs) -> list[str]:
     """One line per run: where and when it was timed, and its held-out steps after its own
     fit."""
@@ -143,11 +189,15 @@ def each_run(names, runs) -> list[str]:
 
 def run_line(v, name: str) -> str:
     d = v.device
-    return (
+    timed = (
         f"`sims/data/{name}`: grid `{v.grid.name}`, {len(v.results)} points timed "
-        f"{v.date} on {v.host} (load average {v.load_average:.1f} at the start); ceilings "
-        f"measured then: {d.flops('f32') / 1e9:.0f} GFLOP/s f32, {d.hbm_bandwidth / 1e9:.1f} "
-        f"GB/s, launch {d.launch_overhead_s * 1e6:.1f} us."
+        f"{v.date} on {v.host} (load average {v.load_average:.1f} at the start)"
+    )
+    if d.calibrated:  # a later run priced by a fitted profile, not by ceilings of its own
+        return f"{timed}; priced by the calibrated profile `validate --device` named."
+    return (
+        f"{timed}; ceilings measured then: {d.flops('f32') / 1e9:.0f} GFLOP/s f32, "
+        f"{d.hbm_bandwidth / 1e9:.1f} GB/s, launch {d.launch_overhead_s * 1e6:.1f} us."
     )
 
 
@@ -239,6 +289,18 @@ def main() -> None:
         "The held-out steps the model misses most:",
         "",
         *worst(both_cal),
+        "",
+        "## A later day: the fitted profile anchored to the machine's speed",
+        "",
+        "A profile prices at the speed the machine ran when its runs were timed. The runs",
+        "below were timed on a later boot of this machine and priced by the profile fitted",
+        "just above; `python cli.py validate --device PROFILE --anchor --save-profile OUT`",
+        "times the `anchor` grid (decode loops, prefills and training steps of the three",
+        "shapes, about a minute), takes the median of measured over predicted, and scales",
+        "every price by it (vocabjax/validation/anchor.py). The anchor was timed before and",
+        "after the loops run; the last row is the factor the loops run itself would give.",
+        "",
+        *later_day(both_cal.fit.profile),
         "",
         f"## The quick grid, {len(QUICK)} runs",
         "",
