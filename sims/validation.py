@@ -35,6 +35,9 @@ LOOPS = tuple(f"validation_cpu_loops_{i}.json" for i in (1, 2))
 # before and after a loops-grid run (``validate --anchor``), and that loops run
 ANCHORS = tuple(f"anchor_cpu_{i}.json" for i in (1, 2))
 LATER = "validation_cpu_loops_3.json"
+# the later processor's own runs (an Intel guest; the runs above: AMD), fitted on their own
+OTHER_QUICK = tuple(f"validation_cpu_quick_{i}.json" for i in (11, 12, 13))
+OTHER_FULL = ("validation_cpu_full_11.json",)
 FIGURE = "validation_cpu_full.png"
 TARGET = (10.0, 30.0)  # issue 10: median and worst |error| of the held-out steps, percent
 
@@ -176,6 +179,39 @@ def later_day(profile) -> list[str]:
     ]
 
 
+def other_processor(fitted_profile) -> list[str]:
+    """The later processor's own runs: each grid's runs combined and fitted on their own, beside
+    the profile fitted on the first processor's runs pricing the same held-out steps."""
+    lines = []
+    for label, names in (("quick", OTHER_QUICK), ("full", OTHER_FULL)):
+        runs = [validation.read_validation(DATA / name) for name in names]
+        v = validation.combine_runs(runs, names) if len(runs) > 1 else runs[0]
+        cal = calibrate(v)
+        m, w = steps_after(cal)
+        held = {r.point.label() for r in cal.held_out(v.results)}
+        elsewhere = [
+            r
+            for r in validation.read_validations([DATA / n for n in names], fitted_profile).results
+            if r.point.label() in held and r.point.family in STEP_FAMILIES
+        ]
+        e = _abs_errors(elsewhere)
+        lines += [
+            *each_run(names, runs),
+            "",
+            f"The {label} grid, {len(names)} run{'s' * (len(names) > 1)} of this processor"
+            f"{', each point the median' if len(names) > 1 else ''}, fitted on its own: held-out "
+            f"steps **{m:.1f}% median, {w:.0f}% worst** (target {TARGET[0]:.0f}% and "
+            f"{TARGET[1]:.0f}%: {_verdict(m <= TARGET[0], w <= TARGET[1])}); the profile fitted "
+            f"on the other processor's runs prices the same {len(e)} held-out steps within "
+            f"{statistics.median(e):.1f}% median, {max(e):.0f}% worst "
+            f"(signed median {_signed(elsewhere)}%).",
+            "",
+            *error_table(v, cal),
+            "",
+        ]
+    return lines
+
+
 def each_run(names, runs) -> list[str]:
     """One line per run: where and when it was timed, and its held-out steps after its own
     fit."""
@@ -302,6 +338,15 @@ def main() -> None:
         "",
         *later_day(both_cal.fit.profile),
         "",
+        "## The later processor's own runs",
+        "",
+        "The same grids timed on the Intel guest (`python cli.py validate --quick --out ...`,",
+        "three times, then the full grid once, back to back on the otherwise idle machine,",
+        "ceilings measured at the start of each), each fitted as `validate --fit` fits: what a",
+        "processor's own calibration gives, beside what the profile fitted on the other",
+        "processor's runs gives on the same held-out steps.",
+        "",
+        *other_processor(both_cal.fit.profile),
         f"## The quick grid, {len(QUICK)} runs",
         "",
         *each_run(QUICK, quick_runs),
