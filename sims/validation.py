@@ -16,6 +16,7 @@ Each run against the medians says how far this machine repeats itself.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 
 import _common  # noqa: F401  (puts the checkout on sys.path)
@@ -23,7 +24,7 @@ from _common import ROOT, figure_path, write_doc
 
 from vocabjax import validation
 from vocabjax.validation.anchor import anchor_of, anchored
-from vocabjax.validation.fit import calibrate
+from vocabjax.validation.fit import calibrate, repriced
 from vocabjax.validation.grid import FAMILIES, STEP_FAMILIES
 
 DATA = ROOT / "sims" / "data"
@@ -164,7 +165,7 @@ def later_day(profile) -> list[str]:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for what, p, speed in rows:
-        results = validation.read_validation(DATA / LATER, p).results
+        results = (later if p is profile else validation.read_validation(DATA / LATER, p)).results
         rest = [r for r in results if r.point.configuration() not in shared]
         factor = "-" if speed == "-" else f"{speed.factor:.3f}"
         lines.append(
@@ -194,11 +195,11 @@ def other_processor(fitted_profile) -> list[str]:
         v = validation.combine_runs(runs, names) if len(runs) > 1 else runs[0]
         cal = calibrate(v)
         m, w = steps_after(cal)
-        held = {r.point.label() for r in cal.held_out(v.results)}
-        elsewhere = [
-            r
-            for r in validation.read_validations([DATA / n for n in names], fitted_profile).results
-            if r.point.label() in held and r.point.family in STEP_FAMILIES
+        steps = v.grid.decode_steps
+        elsewhere = [  # the same held-out steps priced on the other processor's fit
+            dataclasses.replace(r, prediction=repriced(r, fitted_profile, steps))
+            for r in cal.held_out(v.results)
+            if r.point.family in STEP_FAMILIES
         ]
         e = _abs_errors(elsewhere)
         lines += [

@@ -68,7 +68,7 @@ from vocabjax.serving.records import (
     _Record,
 )
 from vocabjax.serving.router import RoutedBatch, Routes, route_batch
-from vocabjax.serving.staging import Stages, ahead
+from vocabjax.serving.staging import Stages, ahead, may_stage
 from vocabjax.serving.trace import Request
 
 
@@ -260,6 +260,8 @@ class Continuous:
         """Which more waiting requests (positions in the queue past the ``n`` that get a row)
         are prefilled now and staged (``staging.ahead``: up to ``prefill_ahead`` in all, of
         the ``n``'s padded length, within the KV budget and b_max)."""
+        if not may_stage(wait, self.config.prefill_ahead, n):
+            return []  # the queue's prompts need not be encoded at this head
         max_seq = self.run.max_seq
         buckets = [bucket_length(len(self.ids(i, head)), max_seq) for i in self.waiting]
         picks = ahead(

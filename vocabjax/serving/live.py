@@ -60,7 +60,7 @@ from vocabjax.serving.decode import Sampling
 from vocabjax.serving.engine import Engine, bucket_length, prompt_ids
 from vocabjax.serving.records import ServeConfig
 from vocabjax.serving.router import Routes, offset_bounds, route_batch
-from vocabjax.serving.staging import Stages, ahead
+from vocabjax.serving.staging import Stages, ahead, may_stage
 
 STEPS_PER_CALL = 8  # decode steps between looks at the queue
 IDLE_WAIT_S = 0.05  # how long an idle loop sleeps before it looks again (a submit wakes it)
@@ -440,8 +440,8 @@ class LiveServer:
         queue (``staging.ahead``: those routed at ``load`` to its head and of its sampling
         setting and padded prompt length, up to ``prefill_ahead`` in all, within the KV budget
         and b_max beside ``held`` bytes and ``running`` requests at its head)."""
-        if wait != "rows" or self.config.prefill_ahead <= len(group):
-            return []  # ``ahead`` takes none: the queue need not be read
+        if not may_stage(wait, self.config.prefill_ahead, len(group)):
+            return []  # the queue need not be read
         head, max_seq = key[0], self.engine.run.max_seq
         same: list[_Admitted] = []
         for ticket in self._waiting:

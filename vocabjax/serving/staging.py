@@ -29,6 +29,13 @@ from vocabjax.serving.admission import Wait, admit_count
 from vocabjax.serving.batching import Staged
 
 
+def may_stage(wait: Wait | None, most: int, joining: int) -> bool:
+    """Whether a prefill of ``joining`` requests can take any more (``ahead``): only while rows
+    (not memory) hold the next waiting request back and ``most`` leaves room. A caller that is
+    told no need not read its queue."""
+    return wait == "rows" and most > joining
+
+
 def ahead(
     bucket: int,
     buckets: Sequence[int],
@@ -50,7 +57,7 @@ def ahead(
     row), up to ``most`` in all with the joining ones and a power of two of rows (a prefill runs
     as one; padding rows would be work for nothing), within the KV budget and the head's
     ``b_max`` beside ``held_bytes`` and ``running`` (the joining requests counted in both)."""
-    if wait != "rows" or most <= joining:
+    if not may_stage(wait, most, joining):
         return []
     fits = [p for p, b in enumerate(buckets) if b == bucket]
     extra, _ = admit_count(
