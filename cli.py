@@ -1281,6 +1281,15 @@ def _timing_columns(t: dict) -> dict:
     "prefill up to this many together, staging those without a row until rows free (0: only "
     "those with a row).",
 )
+@click.option(
+    "--first-stop",
+    "priced_stops",
+    flag_value=False,
+    default=True,
+    help="Continuous batching (a trace or --port): end every decode call at the first row "
+    "that stops, instead of waiting for as many stops as the cost model prices worth one "
+    "return to the host (--device's round trip against the rows left idle).",
+)
 @_sampling_options
 @click.option(
     "--seed",
@@ -1357,12 +1366,28 @@ def serve(run_dir, policy, trace, demo, save_trace, plot, fmt, port, host, **opt
 
         plot_serve(result, plot, caption="python cli.py " + " ".join(sys.argv[1:]))
         log(f"wrote {plot}")
+    device, priced = _priced(inputs.run, result)
     if fmt == "json":
-        emit(render.json_text(result.to_json(**inputs.context())))
+        doc = result.to_json(**inputs.context())
+        doc["priced"] = {"device": calibration_note(device), "calls": [p.row() for p in priced]}
+        emit(render.json_text(doc))
     elif fmt != "table":
         emit(render.rows([b.row() for b in result.batches], fmt))
     else:
         _serve_table(result)
+        emit(f"\ndevice calls against the cost model's price ({calibration_note(device)})")
+        emit(render.rows([p.row() for p in priced], "table"))
+
+
+def _priced(run, result):
+    """The device the served calls are priced on (serve's --device, else the one mixing is
+    priced on) and each kind of call, measured against predicted, then all together."""
+    from vocabjax.serving.mixing import default_device
+    from vocabjax.serving.pricing import CallPricer, total
+
+    device = result.config.device or default_device()[0]
+    priced = CallPricer.of(run, device).served(result)
+    return device, [*priced, total(priced)]
 
 
 def _serve_port(inputs, config, host: str, port: int) -> None:

@@ -22,6 +22,11 @@ bytes/s is what each way can serve. Ways of serving each trace:
 - ``adaptive, no prefill ahead``: the same, each prefill taking only the requests that get a row
   now (``ServeConfig(prefill_ahead=0)``: no prompts prefilled ahead and staged), so that what
   staging saves is measured side by side under the same load;
+- ``adaptive, first stop``: the same, each decode call ending at the first row that stops
+  (``ServeConfig(priced_stops=False)``, ``serve --first-stop``) instead of waiting for the
+  stops the cost model prices worth one return to the host (``vocabjax.serving.cadence``, on
+  the first ``--device``: a profile with no host cost of a call, a datasheet's, prices no
+  round trip and so waits for one stop too);
 - ``adaptive, simulator's routes``: continuous batching on the cost model's own routes
   (``planning.decode_routes`` on the first ``--device``): each power-of-two batch to the head
   whose decode step costs least per byte at the run's held-out bytes per token
@@ -50,16 +55,15 @@ held-out bytes per token the simulator's routes assume); for the continuous ways
 share of the busy time in admissions (``admit_share``: each prefill, prompt scoring and join,
 the later joins of prompts prefilled ahead included) and the decode steps per decode call
 (``steps_per_call``: a call ends where a row stops).
-Predicted: the cost model of the run's shape (float32, attention as vocabjax's model computes
+Predicted: the cost model of the run's shape and dtypes (attention as vocabjax's model computes
 it) on each ``--device`` (``measure``: this machine's ceilings, measured now with autotune's
 quick probes as ``validate --device measure`` does; or a builtin name or a profile .json, a
-calibrated one from ``validate --fit`` say), priced for the device calls the run made: each
-prefill (``CostModel.prefill_time`` of its rows and padded prompt length, plus the prompt's
-scoring: an unembedding of every prompt position, where prompts are scored), each decode call
-of k steps (k ``decode_step`` of its head, rows and every cache position, which the engine's
-attention reads, priced as a loop of k steps per call: one host call, and the steps after the
-first reading what fits a calibrated profile's cache); regroups and the writes of a join are
-not priced.
+calibrated one from ``validate --fit`` say), priced for every device call the run made
+(``vocabjax.serving.pricing``: each prefill with its scoring and its cache's zeros, each decode
+call of k steps as a loop of k steps, each join, regroup, merge and new group's empty carry as
+a host call and its copies; a static batch as its prefill and its decode loop). For the
+busiest trace a second table splits each way's busy time by kind of call, the measured ms and
+the price's error on each device: where the simulator and the serving loop part.
 """
 
 from __future__ import annotations
@@ -76,20 +80,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _report import header  # noqa: E402
 
 from vocabjax import render  # noqa: E402
-from vocabjax.costmodel import CostModel, Op, Settings  # noqa: E402
 from vocabjax.outputs import SCHEMA, atomic_write_json, check_file_target  # noqa: E402
 from vocabjax.planning import decode_routes  # noqa: E402
 from vocabjax.profiles import load_json  # noqa: E402
-from vocabjax.serving import Engine, ServeConfig, load_policy, load_run, serve  # noqa: E402
+from vocabjax.serving import Engine, ServeConfig, load_policy, load_run, pricing, serve  # noqa: E402
+from vocabjax.serving.pricing import CallPricer  # noqa: E402
 from vocabjax.serving.server import prompt_room  # noqa: E402
 from vocabjax.serving.trace import PoissonMix, demo_trace, poisson_trace  # noqa: E402
 from vocabjax.train import TRAINING_FILE  # noqa: E402
 from vocabjax.validation import load_validation_device  # noqa: E402
-from vocabjax.xp import PyMath  # noqa: E402
 
 DEMO_NEW_TOKENS = 32  # the demo's max_new_tokens (serve's default)
 SIMULATED = "adaptive, simulator's routes"
 UNSTAGED = "adaptive, no prefill ahead"
+FIRST_STOP = "adaptive, first stop"
 
 
 def label(spec: str) -> str:
@@ -116,38 +120,9 @@ def describe(routes) -> str:
     return ", ".join(parts + [f"else {last}" if parts else f"every B -> {last}"])
 
 
-def price(result, cm: CostModel, context: int) -> float:
-    """Predicted seconds of the device calls a served trace made (module doc): a decode call
-    of k steps is one host call and k steps, priced as the cost model prices a loop of k
-    steps per call (the profile's dispatch overhead once, and the steps after the first
-    reading what fits its cache: ``Settings.steps_per_call``)."""
-    d = float(cm.shape.d_model)
-    loops: dict[int, CostModel] = {}
-
-    def steps(k: int, head: int, rows: int) -> float:
-        if k not in loops:
-            settings = dataclasses.replace(cm.settings, steps_per_call=k)
-            loops[k] = CostModel(cm.device, cm.shape, settings)
-        return k * loops[k].decode_step(float(head), float(rows), float(context), xp=PyMath)
-
-    total = 0.0
-    for b in result.batches:
-        rows = b.rows if result.config.batching == "static" else 1 << (b.batch - 1).bit_length()
-        total += cm.prefill_time(float(b.head), float(rows), float(b.bucket), xp=PyMath)
-        if result.config.score_prompts:
-            tokens = float(rows * b.bucket)
-            score = Op(2.0 * tokens * b.head * d, cm.w * b.head * d + 4.0 * tokens * b.head)
-            total += cm.op_time(score, xp=PyMath).t
-        if b.steps:  # static: its decode loop, one call
-            total += steps(b.steps, b.head, rows)
-    for c in result.chunks:
-        if c.steps:
-            total += steps(c.steps, c.head, c.rows)
-    return total
-
-
-def figures(result, models: dict[str, CostModel], context: int) -> dict[str, float]:
-    """What one served trace measured and what each device's cost model predicts."""
+def figures(result, pricers: dict[str, CallPricer]) -> dict[str, float]:
+    """What one served trace measured and what each device's cost model predicts, in all and
+    by kind of device call (``kind <device> <call>``: its predicted and its measured seconds)."""
     s = result.summary()
     nbytes = s["generated_bytes"]
     out = {
@@ -172,8 +147,14 @@ def figures(result, models: dict[str, CostModel], context: int) -> dict[str, flo
         out["admit_share"] = (sum(b.service_s for b in result.batches) + joins) / s["busy_s"]
         calls = sum(c.kind == "steps" for c in result.chunks)
         out["steps_per_call"] = s["decode_steps"] / max(calls, 1)
-    for name, cm in models.items():
-        out[f"predicted {name}"] = price(result, cm, context) / nbytes
+    for name, pricer in pricers.items():
+        priced = pricer.served(result)
+        out[f"predicted {name}"] = pricing.total(priced).predicted_s / nbytes
+        by_kind = {p.kind: p for p in priced}
+        for kind in pricing.KINDS:  # every kind in every round, so that medians line up
+            p = by_kind.get(kind, pricing.Priced(kind, 0, 0.0, 0.0))
+            out[f"kind {name} {kind} measured"] = p.measured_s
+            out[f"kind {name} {kind} predicted"] = p.predicted_s
     return out
 
 
@@ -225,10 +206,8 @@ def main(argv=None) -> int:
         label(spec.strip()): load_validation_device(spec.strip(), progress=None)
         for spec in args.device.split(",")
     }
-    settings = Settings(
-        weight_dtype="f32", kv_dtype="f32", act_dtype="f32", attention="materialized"
-    )
-    models = {name: CostModel(d, run.config.shape, settings) for name, d in devices.items()}
+    pricers = {name: CallPricer.of(run, d) for name, d in devices.items()}
+    models = {name: p.cm for name, p in pricers.items()}
     engine = Engine(run)
 
     def room(n: int):
@@ -261,6 +240,7 @@ def main(argv=None) -> int:
         "adaptive": (routes, base),
         "adaptive, heads apart": (routes, dataclasses.replace(base, mixing="separate")),
         UNSTAGED: (routes, dataclasses.replace(base, prefill_ahead=0)),
+        FIRST_STOP: (routes, dataclasses.replace(base, priced_stops=False)),
         SIMULATED: (sim_routes, base),
         **{f"fixed {v}": ([(None, v)], base) for v in heads},
         "static": (routes, dataclasses.replace(base, batching="static")),
@@ -273,7 +253,7 @@ def main(argv=None) -> int:
     for r in range(args.rounds):
         for trace, way in jobs[r % len(jobs) :] + jobs[: r % len(jobs)]:
             result = serve(engine, traces[trace], ways[way][0], ways[way][1])
-            runs[(trace, way)].append(figures(result, models, run.max_seq))
+            runs[(trace, way)].append(figures(result, pricers))
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
     load_after = os.getloadavg()
 
@@ -342,6 +322,8 @@ def main(argv=None) -> int:
         + ")"
     )
     print(render.rows(rows, args.format))
+    for name in models:
+        print(f"# {price_line(med, name)}")
     for t in traces:  # the same routing, priced on the text each head generated here
         generated = {v: med[(t, f"fixed {v}")]["bytes_per_token"] for v in heads}
         again = routes_on(generated)
@@ -350,6 +332,13 @@ def main(argv=None) -> int:
             + ", ".join(f"{v}: {b:.3f}" for v, b in sorted(generated.items()))
             + f" bytes per token; priced on those, the cost model routes {describe(again)}"
         )
+    busiest = poissons[-1] if poissons else "demo"
+    for name in models:
+        print(
+            f"# {busiest}: each kind of device call's busy ms (median over the rounds) and its "
+            f"price on {name} against it"
+        )
+        print(render.rows(kind_rows(med, busiest, list(ways), name), args.format))
     print()
     verdicts = claims(med, heads, list(models), poissons)
     print(render.rows(verdicts, args.format))
@@ -368,6 +357,40 @@ def main(argv=None) -> int:
         }
         print(f"wrote {atomic_write_json(args.out, record)}", file=sys.stderr)
     return 0
+
+
+def price_line(med, device: str) -> str:
+    """How far ``device``'s prices of the cost per byte come to the measured ones over every
+    (trace, way) cell: median and worst |error|, and the signed median."""
+    errors = [m[f"predicted {device}"] / m["cost"] - 1.0 for m in med.values()]
+    absolute = [abs(e) for e in errors]
+    return (
+        f"priced on {device}: the cost per byte of the {len(errors)} (trace, way) cells within "
+        f"{100 * statistics.median(absolute):.1f}% median, {100 * max(absolute):.0f}% worst "
+        f"(signed median {100 * statistics.median(errors):+.1f}%; "
+        f"{sum(e < 0 for e in errors)} cells priced too fast)"
+    )
+
+
+def kind_rows(med, trace: str, ways: list[str], device: str) -> list[dict]:
+    """Per way of serving ``trace``: each kind of device call's measured busy ms and its
+    price's error on ``device`` (``pricing.CallPricer``); regroups, merges and the empty
+    carries of new groups together as ``other``."""
+    groups = {"prefill": ("prefill",), "join": ("join",), "steps": ("steps",),
+              "other": ("regroup", "merge", "empty"), "static batch": ("batch",)}  # fmt: skip
+    rows = []
+    for way in ways:
+        m = med[(trace, way)]
+        row: dict[str, object] = {"serving": way}
+        measured = predicted = 0.0
+        for label, kinds in groups.items():
+            meas = sum(m[f"kind {device} {k} measured"] for k in kinds)
+            pred = sum(m[f"kind {device} {k} predicted"] for k in kinds)
+            measured, predicted = measured + meas, predicted + pred
+            row[label] = f"{1e3 * meas:.0f} ({pred / meas - 1:+.0%})" if meas > 0 else "-"
+        row["all"] = f"{1e3 * measured:.0f} ({predicted / measured - 1:+.0%})"
+        rows.append(row)
+    return rows
 
 
 def claims(med, heads, devices: list[str], poissons: list[str]) -> list[dict]:
@@ -397,6 +420,17 @@ def claims(med, heads, devices: list[str], poissons: list[str]) -> list[dict]:
             {
                 "claim": f"{trace}: {way} against the worst fixed head ({worst})",
                 "measured": f"{fixed[worst]['cost'] / adaptive['cost']:.3f}x cheaper",
+                "predicted": "",
+                "holds": "-",
+            }
+        )
+    for trace in poissons:
+        cont, first = med[(trace, "adaptive")], med[(trace, FIRST_STOP)]
+        out.append(
+            {
+                "claim": f"{trace}: decode calls to the priced stops against the first stop",
+                "measured": f"{cont['bytes_per_s'] / first['bytes_per_s']:.3f}x bytes/s, "
+                f"{cont['steps_per_call']:.1f} against {first['steps_per_call']:.1f} steps a call",
                 "predicted": "",
                 "holds": "-",
             }

@@ -145,6 +145,10 @@ def test_decode_some_stops_at_k_steps_or_when_a_row_stops():
     assert dec.running(on).tolist() == [False, True, False]
     rest = some(params, on, rng, jnp.int32(100))
     assert rest.n_b.tolist() == [4, 10, 1] and int(rest.steps) == 9
+    # waiting for two stops: the loop runs on past row 0's stop to row 1's
+    both = some(params, state, rng, jnp.int32(100), jnp.int32(2))
+    assert int(both.steps) == 9 and both.n_b.tolist() == [4, 10, 1]
+    np.testing.assert_array_equal(both.out_bs, rest.out_bs)
     whole = jax.jit(functools.partial(dec.decode, config))(
         params, caches, first_b, lengths_b, limits_b, jnp.asarray([True] * 3), rng
     )

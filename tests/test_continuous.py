@@ -5,10 +5,13 @@ shorter sequences need less cache."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from serving_testing import scrambled_engine
 
 from vocabjax.errors import UserError
+from vocabjax.hardware import DeviceProfile
 from vocabjax.serving import (
     Engine,
     Request,
@@ -110,6 +113,29 @@ def test_requests_prefilled_ahead_get_the_tokens_they_get_alone(engine, sampling
     s = result.summary()
     assert s["generated_tokens"] == sum(r.max_new_tokens for r in STAGED_TRACE)
     assert s["kv_peak_bytes"] <= result.memory.kv_budget
+
+
+@pytest.mark.slow
+def test_decode_calls_wait_for_the_stops_a_round_trip_is_worth(engine):
+    """Priced on a device whose every host call costs a second, a decode call waits for as
+    many stops as requests want rows: fewer calls, fewer joins, and every request still gets
+    what it gets alone; the same trace with --first-stop ends each call at the first stop."""
+    slow_host = DeviceProfile(name="slow-host", peak_flops={"f32": 1e11}, hbm_bandwidth=1e10,
+                              memory_bytes=1e9, launch_overhead_s=1e-6, dispatch_overhead_s=1.0,
+                              source="test")  # fmt: skip
+    config = ServeConfig(max_batch=4, device=slow_host)
+    waited = serve(engine, STAGED_TRACE, [(None, 500)], config)
+    served_as_alone(engine, STAGED_TRACE, waited, Sampling())
+    at_first = dataclasses.replace(config, priced_stops=False)
+    first = serve(engine, STAGED_TRACE, [(None, 500)], at_first)
+    served_as_alone(engine, STAGED_TRACE, first, Sampling())
+
+    def calls(result, kind):
+        return sum(c.kind == kind for c in result.calls)
+
+    assert calls(waited, "steps") < calls(first, "steps")
+    assert calls(waited, "join") < calls(first, "join")
+    assert waited.summary()["generated_tokens"] == first.summary()["generated_tokens"]
 
 
 # ---- KV-aware admission -------------------------------------------------------------------------

@@ -714,6 +714,18 @@ def test_runs_combine_into_each_points_median(monkeypatch, tmp_path, profile_pat
     assert validation.read_validations(paths[:1]).runs == 1  # one run is itself
 
 
+def test_combined_runs_span_their_earliest_to_their_latest_date(
+    monkeypatch, tmp_path, profile_path
+):
+    paths = _runs(monkeypatch, tmp_path, profile_path)
+    for path, date in zip(
+        paths, ["2026-12-07 04:54 UTC", "2026-12-06 02:31 UTC", "2026-12-07 04:07 UTC"]
+    ):
+        doc = json.loads(path.read_text())
+        path.write_text(json.dumps({**doc, "date": date}))
+    assert validation.read_validations(paths).date == "2026-12-06 02:31 UTC .. 2026-12-07 04:54 UTC"
+
+
 @pytest.mark.parametrize(
     ("edit", "message"),
     [("loops", "only runs that loop alike combine"), ("points", "combine only alike")],

@@ -424,6 +424,24 @@ class CostModel:
         overhead = self._launches(self.decode_head_ops(), 1.0 / self.settings.steps_per_call)
         return sum(t.t for t in times.values()) + overhead
 
+    def score_ops(self, vocab, tokens) -> dict[str, Op]:
+        """Scoring ``tokens`` prompt positions at head ``vocab`` (each prompt's teacher-forced
+        nats, which serving's quality controller reads): every position's logits, then their
+        log-sum-exp and the label's logit, a pass over the logits priced as the sampling pass."""
+        d = float(self.shape.d_model)
+        logits = tokens * vocab * LOGIT_BYTES
+        return {
+            "unembedding": Op(2.0 * tokens * vocab * d, self.w * vocab * d + logits),
+            "sampling": Op(ELEMENTWISE_FLOPS * tokens * vocab, logits, kind="sampling"),
+        }
+
+    def host_call(self, kernels=0.0, calls=1.0):
+        """Seconds of ``calls`` host calls that launch ``kernels`` kernels in all, beside their
+        ops' own time: the profile's dispatch and launch overheads."""
+        return self._overhead(
+            kernels * self.device.launch_overhead_s + calls * self.device.dispatch_overhead_s
+        )
+
     def prefill_time(self, vocab, batch, prompt_tokens, *, xp=jnp):
         """Seconds for the prompt pass: ops + launches + one host call."""
         ops = self.prefill_ops(vocab, batch, prompt_tokens)

@@ -15,6 +15,9 @@ controller.py  Thresholds, derive_thresholds / training_bpb, controller_step (hy
 admission.py   MemoryPlan, plan_memory (the KV plan for a memory budget), admit_count
 mixing.py      Pricer: rows at several heads in one decode step or in separate groups, the
                cheaper by the cost model
+pricing.py     CallPricer: the cost model's price of each device call a served trace made,
+               beside what it measured; run_model, the cost model of a served run
+cadence.py     stops_to_wait: how many rows a decode call frees before the host looks again
 records.py     ServeConfig, the records of a served trace, ServeResult (summary, JSON)
 continuous.py  the continuous-batching loop on the virtual clock
 live.py        LiveServer: the engine loop for live traffic on its own thread (http.py, the

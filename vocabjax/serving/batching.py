@@ -93,7 +93,7 @@ class Finished:
     stop: Stop
 
 
-CallKind = Literal["prefill", "join", "steps", "regroup", "merge"]
+CallKind = Literal["prefill", "join", "steps", "regroup", "merge", "empty"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +132,7 @@ class _Row:
     prompt_tokens: int
     head: int  # the head it runs at
     end: int  # prompt tokens + its limit: it feeds no token at or past this position
+    left: int = 0  # decode steps to its limit or the carry's end, as of the last call's counts
 
 
 def _padded(
@@ -325,7 +326,7 @@ class RunningBatch:
         if n > self.room:
             raise ValueError(f"{n} requests join a batch with room for {self.room}")
         config = self.engine.config(staged.head, self.sampling, self.score)
-        calls, compiled, started = self._make_room(self.live + n)
+        calls, started = self._make_room(self.live + n)
         running = self.live
         free = [r for r, row in enumerate(self._rows) if row is None][:n]
         m_pad = pow2_rows(n, staged.rows)
@@ -353,10 +354,9 @@ class RunningBatch:
             j = staged.joining[p]
             self._rows[r] = _Row(j.tag, len(j.ids), staged.head, len(j.ids) + j.limit)
         finished = self._collect(counts)
-        compiled += compile_j
-        seconds = time.perf_counter() - started - compiled
+        seconds = time.perf_counter() - started - compile_j
         join_call = Call(
-            "join", staged.head, self.rows, running, seconds, compiled, joined=n,
+            "join", staged.head, self.rows, running, seconds, compile_j, joined=n,
             bucket=staged.bucket,
         )  # fmt: skip
         return (
@@ -365,18 +365,19 @@ class RunningBatch:
             calls + [join_call, *self._shrink()],
         )
 
-    def _make_room(self, need: int) -> tuple[list[Call], float, float]:
-        """Rows for ``need`` requests: the first carry, or a larger one. The regrouping call
-        made, the compile seconds of a first carry, and when the join's own time starts."""
+    def _make_room(self, need: int) -> tuple[list[Call], float]:
+        """Rows for ``need`` requests: the first carry, or a larger one. The call made (the
+        empty carry's, or a regroup) and when the join's own time starts."""
         if self._state is None:
-            started = time.perf_counter()
-            return [], self._start(pow2_rows(need, self.max_rows)), started
-        calls = [self._regroup(pow2_rows(need, self.max_rows))] if need > self.rows else []
-        return calls, 0.0, time.perf_counter()
+            calls = [self._start(pow2_rows(need, self.max_rows))]
+        else:
+            calls = [self._regroup(pow2_rows(need, self.max_rows))] if need > self.rows else []
+        return calls, time.perf_counter()
 
-    def advance(self, max_steps: int) -> tuple[list[Finished], list[Call]]:
-        """At most ``max_steps`` decode steps on the device, ending early at the step where a
-        row stops: the requests that stopped, and the device calls made."""
+    def advance(self, max_steps: int, stops: int = 1) -> tuple[list[Finished], list[Call]]:
+        """At most ``max_steps`` decode steps on the device, ending early at the step where
+        ``stops`` rows have stopped (``cadence.stops_to_wait`` says how many are worth waiting
+        for): the requests that stopped, and the device calls made."""
         if self._state is None or self.live == 0:
             return [], []
         started = time.perf_counter()
@@ -386,7 +387,7 @@ class RunningBatch:
         window = attention_window([r.end for r in self._rows if r is not None], self.config.max_seq)
         config = self.engine.config(vocab, s, self.score)
         config = dataclasses.replace(config, mixed=mixed, window=window)
-        args = (params, self._state, self._keys_b, jnp.int32(max_steps))
+        args = (params, self._state, self._keys_b, jnp.int32(max_steps), jnp.int32(stops))
         steps, compiled = self.engine.function(
             ("steps", vocab, self.rows, s.temperature, s.top_k, mixed, window),
             functools.partial(decode.decode_some, config),
@@ -404,6 +405,12 @@ class RunningBatch:
             window=window,
         )  # fmt: skip
         return finished, [call, *self._shrink()]
+
+    def remaining(self) -> list[int]:
+        """Each held request's decode steps to its limit (or to the carry's last position),
+        in row order, as the last call's counts left them: the most it runs before it stops
+        (a stop token ends it sooner)."""
+        return [row.left for row in self._rows if row is not None]
 
     def partial(self) -> dict[Any, tuple[int, ...]]:
         """Each held request's tokens so far (for streaming them)."""
@@ -466,18 +473,20 @@ class RunningBatch:
 
     # ---- rows ---------------------------------------------------------------------------------
 
-    def _start(self, rows: int) -> float:
-        """An empty carry of ``rows`` rows; the seconds spent compiling it."""
+    def _start(self, rows: int) -> Call:
+        """An empty carry of ``rows`` rows (its cache written with zeros): the call."""
+        started = time.perf_counter()
         params = self.engine.run.params
         empty, compiled = self.engine.function(
             ("empty", self.head, rows),
             functools.partial(_empty, self.config, rows=rows),
             (params,),
         )
-        self._state, self._keys_b = empty(params)
+        self._state, self._keys_b = jax.block_until_ready(empty(params))
         self._done = (0, 0)
         self._rows = [None] * rows
-        return compiled
+        seconds = time.perf_counter() - started - compiled
+        return Call("empty", self.head, rows, 0, seconds, compiled)
 
     def _regroup(self, rows: int) -> Call:
         """The held requests moved into the first rows of a bucket of ``rows``."""
@@ -501,17 +510,24 @@ class RunningBatch:
         smaller = pow2_rows(live, self.max_rows)
         return [self._regroup(smaller)] if SHRINK * live <= self.rows else []
 
-    def _counts(self) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """What the host reads after a call: the steps and tokens so far, each row's stop."""
-        assert self._state is not None
-        return self._state.steps, self._state.produced, self._state.stop_b
+    def _counts(self) -> tuple[jax.Array, ...]:
+        """What the host reads after a call: the steps and tokens so far, each row's stop, its
+        tokens so far and its next position."""
+        state = self._state
+        assert state is not None
+        return state.steps, state.produced, state.stop_b, state.n_b, state.pos_b
 
-    def _collect(self, counts: tuple[np.ndarray, np.ndarray, np.ndarray]) -> list[Finished]:
+    def _collect(self, counts: tuple[np.ndarray, ...]) -> list[Finished]:
         """The held requests whose rows have stopped (``counts``: fetched ``_counts``); their
-        rows become free."""
+        rows become free. The others' steps left are updated."""
         assert self._state is not None
-        steps, produced, stop_b = counts
+        steps, produced, stop_b, n_b, pos_b = counts
         self._done = (int(steps), int(produced))
+        max_seq = self.config.max_seq
+        for r, row in enumerate(self._rows):
+            if row is not None:
+                left = min(row.end - row.prompt_tokens - int(n_b[r]), max_seq - int(pos_b[r]))
+                row.left = max(left, 0)
         done = [
             r
             for r, row in enumerate(self._rows)

@@ -57,6 +57,7 @@ from vocabjax.serving.batching import (
     prefill,
     solo_key,
 )
+from vocabjax.serving.cadence import Cadence
 from vocabjax.serving.engine import Engine, bucket_length
 from vocabjax.serving.mixing import Placement, Placer, Pricer
 from vocabjax.serving.records import (
@@ -124,6 +125,7 @@ class Continuous:
         self._ids: dict[tuple[int, int], np.ndarray] = {}
         pricer = Pricer.of(engine, device, max_rows=config.max_batch, sampling=config.sampling)
         self.placer = Placer(pricer, config.mixing, log)
+        self.cadence = Cadence(pricer, self.run.max_seq)
 
     # ---- the loop -----------------------------------------------------------------------------
 
@@ -297,10 +299,11 @@ class Continuous:
         self.held[tag] = dataclasses.replace(self.staged.pop(tag), start_s=start, running=running)
 
     def decode(self) -> None:
-        """Every group with running requests runs its on-device loop for k steps at most."""
+        """Every group with running requests runs its on-device loop for k steps at most, to
+        the stops worth waiting for (``cadence``)."""
         k = self._steps()
         for batch in [b for b in self.groups if b.live]:
-            finished, calls = batch.advance(k)
+            finished, calls = batch.advance(k, self._stops(batch))
             self._chunks(calls)
             self._finish(finished)
         self.groups = [b for b in self.groups if b.live]  # an emptied group is dropped
@@ -330,6 +333,13 @@ class Continuous:
             if c.steps:
                 self.per_step[(c.head, c.rows, c.mixed)] = c.seconds / c.steps
             self._charge([c])
+
+    def _stops(self, batch: RunningBatch) -> int:
+        """The stops ``batch``'s decode call waits for: one unless requests wait or are
+        staged for rows, else as ``cadence`` prices it on the loop's device."""
+        if not self.config.priced_stops:
+            return 1
+        return self.cadence.stops(batch, len(self.waiting) + self.stages.left)
 
     def _steps(self) -> int:
         """Decode steps before the host looks again: to the next stop while requests wait or
@@ -386,6 +396,7 @@ class Continuous:
 
     def _charge(self, calls: Sequence[Call]) -> None:
         """The clock advances by each call's service time; a new shape's compiling is logged."""
+        self.record.calls.extend(calls)
         for c in calls:
             self.now += c.seconds
             if c.compile_s:

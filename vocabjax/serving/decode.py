@@ -320,16 +320,23 @@ def decode(
 
 
 def decode_some(
-    config: DecodeConfig, params, state: Decoding, rng: jax.Array, max_steps: jax.Array
+    config: DecodeConfig,
+    params,
+    state: Decoding,
+    rng: jax.Array,
+    max_steps: jax.Array,
+    stops: jax.Array | int = 1,
 ) -> Decoding:
-    """At most ``max_steps`` decode steps in one on-device loop, ending early once a row that
-    was running has stopped: the host can then free its row and admit a waiting request."""
+    """At most ``max_steps`` decode steps in one on-device loop, ending early once ``stops``
+    rows that were running have stopped (one by default): the host can then free their rows
+    and admit waiting requests. ``stops`` may be traced: one compiled loop serves any."""
     was_b = running(state)
 
     def more(carry: tuple[Decoding, jax.Array]) -> jax.Array:
         s, i = carry
         run_b = running(s)
-        return (i < max_steps) & run_b.any() & ~(was_b & ~run_b).any()
+        stopped = (was_b & ~run_b).sum()
+        return (i < max_steps) & run_b.any() & (stopped < stops)
 
     def body(carry: tuple[Decoding, jax.Array]) -> tuple[Decoding, jax.Array]:
         s, i = carry

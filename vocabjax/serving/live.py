@@ -55,9 +55,11 @@ from vocabjax.serving.batching import (
     prefill,
     solo_key,
 )
+from vocabjax.serving.cadence import Cadence
 from vocabjax.serving.controller import QualityController, Thresholds
 from vocabjax.serving.decode import Sampling
 from vocabjax.serving.engine import Engine, bucket_length, prompt_ids
+from vocabjax.serving.mixing import Pricer, default_device
 from vocabjax.serving.records import ServeConfig
 from vocabjax.serving.router import Routes, offset_bounds, route_batch
 from vocabjax.serving.staging import Stages, ahead, may_stage
@@ -199,6 +201,12 @@ class LiveServer:
             else QualityController(thresholds, window=config.window, lowest=lowest, highest=highest)
         )
         self.steps_per_call = steps_per_call
+        # how many stops a decode call waits for while requests want rows (--first-stop: one)
+        self._cadence = None
+        if config.priced_stops:
+            device = config.device or default_device()[0]
+            pricer = Pricer.of(engine, device, max_rows=config.max_batch, sampling=Sampling())
+            self._cadence = Cadence(pricer, engine.run.max_seq)
         self.log = progress or (lambda _line: None)
         self.draining = False
         self._numbers = itertools.count(1)
@@ -534,7 +542,10 @@ class LiveServer:
         for key, batch in list(self._batches.items()):
             if not batch.live:
                 continue
-            finished, calls = batch.advance(self.steps_per_call)
+            stops = 1
+            if self._cadence is not None:
+                stops = self._cadence.stops(batch, len(self._waiting) + self._stages.left)
+            finished, calls = batch.advance(self.steps_per_call, stops)
             self._compiled(calls)
             self._finished(finished)
             streaming = [

@@ -34,12 +34,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
 from vocabjax import unembed
-from vocabjax.costmodel import CostModel, Settings
+from vocabjax.costmodel import CostModel
 from vocabjax.hardware import DEFAULT_DEVICE, DeviceProfile, load_device
 from vocabjax.progress import Progress
 from vocabjax.serving.batching import Call, RunningBatch, pow2_rows
 from vocabjax.serving.decode import Sampling
 from vocabjax.serving.engine import Engine
+from vocabjax.serving.pricing import run_model
 from vocabjax.xp import PyMath
 
 Mixing = Literal["auto", "mixed", "separate"]
@@ -118,18 +119,10 @@ class Pricer:
     def of(
         cls, engine: Engine, device: DeviceProfile, *, max_rows: int, sampling: Sampling
     ) -> Pricer:
-        """The pricer of ``engine``'s run on ``device``: the run's shape and dtypes, every
-        cache position read (the engine's attention reads them all, masked), the token pick
-        ``impl="auto"`` chooses."""
+        """The pricer of ``engine``'s run on ``device``: the run's shape and dtypes
+        (``pricing.run_model``), every cache position read (the engine's attention reads them
+        all, masked), the token pick ``impl="auto"`` chooses."""
         run = engine.run
-        compute = unembed.dtype_name(run.model.config.dtype)
-        weights = {unembed.dtype_name(x.dtype) for x in run.params.values() if x.ndim == 2}
-        settings = Settings(
-            weight_dtype=weights.pop() if len(weights) == 1 else compute,
-            kv_dtype=compute,
-            act_dtype=compute,
-            attention="materialized",  # vocabjax's model: every query against every position
-        )
         cannot_mix = None
         if run.model.config.heads_kind == "separate":
             cannot_mix = "the run's heads are separate matrices, with no shared prefix"
@@ -141,7 +134,7 @@ class Pricer:
             return choice.impl, choice.reason
 
         return cls(
-            CostModel(device, run.config.shape, settings),
+            run_model(run, device),
             context=run.max_seq,
             max_rows=max_rows,
             impl=impl,

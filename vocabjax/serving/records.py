@@ -18,6 +18,7 @@ from vocabjax.errors import UserError
 from vocabjax.hardware import DeviceProfile, load_device
 from vocabjax.profiles import SCHEMA
 from vocabjax.serving.admission import MemoryPlan
+from vocabjax.serving.batching import Call, CallKind
 from vocabjax.serving.controller import DEFAULT_WINDOW, QualityController, Thresholds
 from vocabjax.serving.engine import Generation, Sampling
 from vocabjax.serving.mixing import MIXING, Mixing
@@ -67,6 +68,10 @@ class ServeConfig:
     # together (the ones without a row staged, their caches held, joining as rows free); 0 or
     # 1: a prefill takes only the requests that get a row now
     prefill_ahead: int = 16
+    # continuous: while requests wait for rows, a decode call runs until as many rows have
+    # stopped as ``cadence.stops_to_wait`` prices worth one round trip to the host on
+    # ``device``; False: every call ends at the first row that stops
+    priced_stops: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "max_new_tokens", "window", "progress_every"):
@@ -88,7 +93,7 @@ class ServeConfig:
     def from_options(cls, options: dict[str, Any]) -> ServeConfig:
         """The config of ``serve``'s options (cli.py's names: max_batch, max_new_tokens, window,
         temperature, top_k, seed, batching, memory, mixing, device_spec, score_prompts,
-        prefill_ahead)."""
+        prefill_ahead, priced_stops)."""
         spec = options["device_spec"]
         return cls(
             max_batch=options["max_batch"],
@@ -101,6 +106,7 @@ class ServeConfig:
             device=load_device(spec) if spec else None,
             score_prompts=options.get("score_prompts", True),
             prefill_ahead=options.get("prefill_ahead", 16),
+            priced_stops=options.get("priced_stops", True),
         )
 
     def rows(self, batch: int) -> int:
@@ -207,11 +213,11 @@ class ServedBatch:
 @dataclasses.dataclass(frozen=True)
 class ServedChunk:
     """A device call of a running batch between admissions: decode steps, a regroup into
-    another bucket, a merge of two groups into one, or the join of staged requests (prefilled
-    by an earlier admission) into free rows."""
+    another bucket, a merge of two groups into one, the join of staged requests (prefilled
+    by an earlier admission) into free rows, or the empty carry of a new group they join."""
 
     index: int
-    kind: Literal["steps", "regroup", "merge", "join"]
+    kind: CallKind
     start_s: float
     service_s: float  # measured wall time, compiling left out
     compile_s: float
@@ -273,6 +279,8 @@ class ServeResult:
     chunks: tuple[ServedChunk, ...] = ()  # continuous: the device calls between admissions
     memory: MemoryPlan | None = None  # continuous: the KV plan admission kept to
     memory_waits: int = 0  # continuous: requests that waited for memory at least once
+    # continuous: every device call the clock was charged for, in order (``serving.pricing``)
+    calls: tuple[Call, ...] = ()
 
     def summary(self) -> dict[str, Any]:
         reqs, batches, chunks = self.requests, self.batches, self.chunks
@@ -420,6 +428,7 @@ class _Record:
         self.batches: list[ServedBatch] = []
         self.switches: list[Switch] = []
         self.chunks: list[ServedChunk] = []
+        self.calls: list[Call] = []  # continuous: every device call charged to the clock
         self.bounds = bounds
         self.thresholds = thresholds
 
@@ -434,6 +443,7 @@ class _Record:
             batches=tuple(self.batches),
             switches=tuple(self.switches),
             chunks=tuple(self.chunks),
+            calls=tuple(self.calls),
             **extra,
         )
 

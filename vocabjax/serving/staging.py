@@ -82,6 +82,11 @@ class Stages:
         """Whether any request is staged."""
         return bool(self._queue)
 
+    @property
+    def left(self) -> int:
+        """Requests staged, still to join."""
+        return sum(staged.left for staged in self._queue)
+
     def add(self, staged: Staged) -> None:
         """Queue what is left of ``staged`` (nothing when all of it joined)."""
         if staged.left:

@@ -261,10 +261,11 @@ def combine_runs(runs: Sequence[Validation], names: Sequence[str] | None = None)
         )
 
     hosts = list(dict.fromkeys(v.host for v in runs))
+    dates = sorted(v.date for v in runs)  # "YYYY-MM-DD HH:MM UTC": in time order as text
     return dataclasses.replace(
         first,
         results=tuple(one(pairs) for pairs in seen.values()),
-        date=f"{first.date} .. {runs[-1].date}" if runs[-1].date != first.date else first.date,
+        date=f"{dates[0]} .. {dates[-1]}" if dates[-1] != dates[0] else dates[0],
         host="; ".join(hosts),
         seconds=sum(v.seconds for v in runs),
         load_average=max(v.load_average for v in runs),
