@@ -10,6 +10,7 @@ import functools
 import math
 import os
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -1308,8 +1309,14 @@ def _timing_columns(t: dict) -> dict:
     "extra) instead of replaying a trace; the trace or demo then sizes the KV plan.",
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address --port listens on.")
+@click.option(
+    "--warmup",
+    is_flag=True,
+    help="With --port: serve the trace (or the demo) on the virtual clock before the port opens, "
+    "so that the shapes traffic like it meets are compiled then, not while requests wait.",
+)
 @format_option
-def serve(run_dir, policy, trace, demo, save_trace, plot, fmt, port, host, **options):
+def serve(run_dir, policy, trace, demo, save_trace, plot, fmt, port, host, warmup, **options):
     """Serve a trace of requests with a trained run on a virtual clock: requests join running
     batches (continuous batching, within the KV plan of --memory), the policy's router picks a
     head per admission, the quality controller moves it a level up or down on the prompts' bits
@@ -1336,6 +1343,8 @@ def serve(run_dir, policy, trace, demo, save_trace, plot, fmt, port, host, **opt
         raise UserError(
             "--port serves live traffic with continuous batching: no --plot or --batching static"
         )
+    if warmup and port is None:
+        raise click.UsageError("--warmup compiles ahead of --port: give --port")
     if port is not None and not options["score_prompts"]:
         raise UserError("--port reports windowed bits per byte in /metrics: no --no-prompt-scoring")
     config = ServeConfig.from_options(options)
@@ -1356,7 +1365,7 @@ def serve(run_dir, policy, trace, demo, save_trace, plot, fmt, port, host, **opt
         log(f"wrote {write_trace(save_trace, requests)}")
     log(_controller_note(thresholds, config))
     if port is not None:
-        _serve_port(inputs, config, host, port)
+        _serve_port(inputs, config, host, port, warmup)
         return
     result = serve_trace(
         Engine(inputs.run), requests, inputs.routes, config, thresholds=thresholds, progress=log
@@ -1390,8 +1399,9 @@ def _priced(run, result):
     return device, [*priced, total(priced)]
 
 
-def _serve_port(inputs, config, host: str, port: int) -> None:
-    """``serve --port``: the HTTP endpoint until Ctrl-C has drained it."""
+def _serve_port(inputs, config, host: str, port: int, warmup: bool) -> None:
+    """``serve --port``: the HTTP endpoint until Ctrl-C has drained it; ``warmup``: the trace
+    served on the virtual clock first, so that the shapes it meets are compiled."""
     try:
         from vocabjax.serving.http import serve_http
     except ImportError as exc:
@@ -1400,9 +1410,20 @@ def _serve_port(inputs, config, host: str, port: int) -> None:
             "pip install 'vocabjax[serve]'"
         ) from None
     from vocabjax.serving import live_server
+    from vocabjax.serving import serve as serve_trace
 
     log("the KV plan is sized for traffic like that trace")
-    serve_http(live_server(inputs, config, progress=log), host=host, port=port, log=log)
+    live = live_server(inputs, config, progress=log)
+    if warmup:
+        started = time.perf_counter()
+        serve_trace(
+            live.engine, inputs.requests, inputs.routes, config, thresholds=inputs.thresholds
+        )
+        log(
+            f"warm-up: the trace replayed on the virtual clock compiled {live.engine.shapes} "
+            f"shapes in {time.perf_counter() - started:.1f} s, before the port opens"
+        )
+    serve_http(live, host=host, port=port, log=log)
 
 
 def _controller_note(thresholds, config) -> str:

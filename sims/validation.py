@@ -38,7 +38,7 @@ ANCHORS = tuple(f"anchor_cpu_{i}.json" for i in (1, 2))
 LATER = "validation_cpu_loops_3.json"
 # the later processor's own runs (an Intel guest; the runs above: AMD), fitted on their own
 OTHER_QUICK = tuple(f"validation_cpu_quick_{i}.json" for i in (11, 12, 13))
-OTHER_FULL = tuple(f"validation_cpu_full_{i}.json" for i in (11, 12))
+OTHER_FULL = tuple(f"validation_cpu_full_{i}.json" for i in (11, 12, 13))
 FIGURE = "validation_cpu_full.png"
 TARGET = (10.0, 30.0)  # issue 10: median and worst |error| of the held-out steps, percent
 
@@ -186,7 +186,7 @@ def other_processor(fitted_profile) -> list[str]:
     lines = []
     grids = (
         ("The quick grid's three runs, each point the median", OTHER_QUICK, True),
-        ("The full grid's two runs, each point the median", OTHER_FULL, True),
+        ("The full grid's three runs, each point the median", OTHER_FULL, True),
         ("The full grid's runs and the loops grid's (`combine_runs`, as above)",
          OTHER_FULL + (LATER,), False),
     )  # fmt: skip
@@ -348,7 +348,8 @@ def main() -> None:
         "",
         "The same grids timed on the Intel guest (`python cli.py validate --quick --out ...`,",
         "three times, then the full grid once, back to back on the otherwise idle machine,",
-        "and the full grid again half an hour later,",
+        "the full grid again half an hour later, and a third time an hour after that (a new",
+        "session on the same guest),",
         "ceilings measured at the start of each), each fitted as `validate --fit` fits: what a",
         "processor's own calibration gives, beside what the profile fitted on the other",
         "processor's runs gives on the same held-out steps.",

@@ -259,29 +259,43 @@ def test_serve_config_pads_batches_to_powers_of_two():
         ServeConfig(max_batch=0)
 
 
-def test_serve_passes_prefill_ahead_to_its_config(monkeypatch):
-    """``serve --prefill-ahead N`` reaches ``ServeConfig.prefill_ahead`` (16 by default), the
-    --port server's too; a negative one is refused when parsed."""
-    seen = []
+def serve_option(monkeypatch, name: str, *args: str):
+    """The value ``serve`` passes ``ServeConfig.from_options`` for option ``name`` given
+    ``args`` (None where it stopped before), and the CLI's result."""
+    seen = [None]
 
     def config_of(options):
-        seen.append(options["prefill_ahead"])
+        seen.append(options[name])
         raise UserError("stop here")
 
     monkeypatch.setattr(ServeConfig, "from_options", staticmethod(config_of))
-    runner = CliRunner()
+    result = CliRunner().invoke(cli.main, ["serve", "--run", "x", "--policy", "y", *args])
+    return seen[-1], result
+
+
+def test_serve_passes_prefill_ahead_to_its_config(monkeypatch):
+    """``serve --prefill-ahead N`` reaches ``ServeConfig.prefill_ahead`` (16 by default), the
+    --port server's too; a negative one is refused when parsed."""
     for args, want in (
         ([], 16),
         (["--prefill-ahead", "0"], 0),
         (["--prefill-ahead", "4"], 4),
         (["--port", "8000", "--prefill-ahead", "2"], 2),
     ):
-        result = runner.invoke(cli.main, ["serve", "--run", "x", "--policy", "y", *args])
-        assert result.exit_code == 1 and seen[-1] == want, result.output
-    result = runner.invoke(
-        cli.main, ["serve", "--run", "x", "--policy", "y", "--prefill-ahead", "-1"]
-    )
-    assert result.exit_code == 2 and "prefill-ahead" in result.output
+        seen, result = serve_option(monkeypatch, "prefill_ahead", *args)
+        assert result.exit_code == 1 and seen == want, result.output
+    seen, result = serve_option(monkeypatch, "prefill_ahead", "--prefill-ahead", "-1")
+    assert result.exit_code == 2 and "prefill-ahead" in result.output and seen is None
+
+
+def test_serve_passes_first_stop_and_warmup_needs_a_port(monkeypatch):
+    """Decode calls wait for priced stops unless ``--first-stop``; ``--warmup`` without
+    ``--port`` is a usage error."""
+    for args, want in (([], True), (["--first-stop"], False)):
+        seen, result = serve_option(monkeypatch, "priced_stops", *args)
+        assert result.exit_code == 1 and seen is want, result.output
+    seen, result = serve_option(monkeypatch, "priced_stops", "--warmup")
+    assert result.exit_code == 2 and "--warmup compiles ahead of --port" in result.output
 
 
 # ---- with a model -------------------------------------------------------------------------------
@@ -517,6 +531,30 @@ def test_json_output_and_plot(files, tmp_path):
     assert {r["head"] for r in data["by_head"]} == set(HEADS)
     assert "quality controller: up above 20.000, down below 1.000" in result.stderr
     assert plot.stat().st_size > 10_000 and f"wrote {plot}" in result.stderr
+    # every device call priced: each kind's measured time, summed, is the clock's busy time
+    priced = {row["kind"]: row for row in data["priced"]["calls"]}
+    assert {"prefill", "join", "steps", "all"} <= set(priced)
+    kinds = sum(row["measured_ms"] for kind, row in priced.items() if kind != "all")
+    assert kinds == pytest.approx(priced["all"]["measured_ms"], abs=0.01)
+    assert priced["all"]["measured_ms"] == pytest.approx(1e3 * data["summary"]["busy_s"], abs=0.01)
+    assert data["priced"]["device"].startswith("a100-80gb: ")  # serve's default device
+
+
+@pytest.mark.slow
+def test_warmup_compiles_the_traces_shapes_before_the_port_opens(files, monkeypatch):
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    from vocabjax.serving import http
+
+    opened = []
+    monkeypatch.setattr(http, "serve_http", lambda live, **_: opened.append(live.engine.shapes))
+    args = ("--run", files["run"], "--policy", files["policy"], "--trace", files["trace"],
+            "--max-new-tokens", "3", "--port", "8765")  # fmt: skip
+    cold = invoke(*args)
+    warm = invoke(*args, "--warmup")
+    assert cold.exit_code == 0 and warm.exit_code == 0, warm.output
+    assert opened[0] == 0 < opened[1]  # nothing compiled before the port opens, then the trace's
+    assert f"the trace replayed on the virtual clock compiled {opened[1]} shapes" in warm.stderr
 
 
 @pytest.mark.slow

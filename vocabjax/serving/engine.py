@@ -349,6 +349,11 @@ class Engine:
         self._decodes: dict[tuple, Any] = {}  # by the same and the attention window
         self._functions: dict[tuple, Any] = {}  # ahead-of-time compiled, by (name, shapes)
 
+    @property
+    def shapes(self) -> int:
+        """The device functions compiled so far (one per name and shapes)."""
+        return len(self._functions)
+
     def function(
         self, key: tuple, fn: Callable, example: tuple, *, donate: tuple[int, ...] = ()
     ) -> tuple[Any, float]:
