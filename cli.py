@@ -10,7 +10,6 @@ import functools
 import math
 import os
 import sys
-import time
 from pathlib import Path
 
 import click
@@ -1312,11 +1311,21 @@ def _timing_columns(t: dict) -> dict:
 @click.option(
     "--warmup",
     is_flag=True,
-    help="With --port: serve the trace (or the demo) on the virtual clock before the port opens, "
-    "so that the shapes traffic like it meets are compiled then, not while requests wait.",
+    help="With --port: compile every device call greedy requests can need (each head, row "
+    "bucket, prompt length, attention window and stage size) before the port opens, so that no "
+    "request waits for the compiler (minutes on a CPU; a sampled setting compiles when first met).",
+)
+@click.option(
+    "--compile-cache",
+    type=click.Path(file_okay=False),
+    help="With --port: keep compiled shapes in this directory (JAX's persistent compilation "
+    "cache) so that a restarted server's --warmup loads them instead of compiling again.",
 )
 @format_option
-def serve(run_dir, policy, trace, demo, save_trace, plot, fmt, port, host, warmup, **options):
+def serve(
+    run_dir, policy, trace, demo, save_trace, plot, fmt, port, host, warmup, compile_cache,
+    **options,
+):  # fmt: skip
     """Serve a trace of requests with a trained run on a virtual clock: requests join running
     batches (continuous batching, within the KV plan of --memory), the policy's router picks a
     head per admission, the quality controller moves it a level up or down on the prompts' bits
@@ -1343,8 +1352,10 @@ def serve(run_dir, policy, trace, demo, save_trace, plot, fmt, port, host, warmu
         raise UserError(
             "--port serves live traffic with continuous batching: no --plot or --batching static"
         )
-    if warmup and port is None:
-        raise click.UsageError("--warmup compiles ahead of --port: give --port")
+    if port is None and (warmup or compile_cache):
+        raise click.UsageError("--warmup and --compile-cache are for --port: give --port")
+    if compile_cache:
+        use_compile_cache(compile_cache)
     if port is not None and not options["score_prompts"]:
         raise UserError("--port reports windowed bits per byte in /metrics: no --no-prompt-scoring")
     config = ServeConfig.from_options(options)
@@ -1400,8 +1411,8 @@ def _priced(run, result):
 
 
 def _serve_port(inputs, config, host: str, port: int, warmup: bool) -> None:
-    """``serve --port``: the HTTP endpoint until Ctrl-C has drained it; ``warmup``: the trace
-    served on the virtual clock first, so that the shapes it meets are compiled."""
+    """``serve --port``: the HTTP endpoint until Ctrl-C has drained it; ``warmup``: every shape
+    greedy requests can need compiled first (``LiveServer.compile_shapes``)."""
     try:
         from vocabjax.serving.http import serve_http
     except ImportError as exc:
@@ -1410,20 +1421,24 @@ def _serve_port(inputs, config, host: str, port: int, warmup: bool) -> None:
             "pip install 'vocabjax[serve]'"
         ) from None
     from vocabjax.serving import live_server
-    from vocabjax.serving import serve as serve_trace
 
     log("the KV plan is sized for traffic like that trace")
     live = live_server(inputs, config, progress=log)
     if warmup:
-        started = time.perf_counter()
-        serve_trace(
-            live.engine, inputs.requests, inputs.routes, config, thresholds=inputs.thresholds
-        )
-        log(
-            f"warm-up: the trace replayed on the virtual clock compiled {live.engine.shapes} "
-            f"shapes in {time.perf_counter() - started:.1f} s, before the port opens"
-        )
+        log("warm-up: compiling every shape greedy requests can need, before the port opens")
+        shapes, seconds = live.compile_shapes()
+        log(f"warm-up: {shapes} shapes compiled in {seconds:.1f} s")
     serve_http(live, host=host, port=port, log=log)
+
+
+def use_compile_cache(directory: str) -> None:
+    """JAX's persistent compilation cache in ``directory``, for every compile however short (a
+    serving shape compiles in well under JAX's default threshold of a second)."""
+    import jax
+
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(directory))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
 def _controller_note(thresholds, config) -> str:

@@ -324,3 +324,28 @@ def test_port_takes_no_static_batching(served_run_dir, tmp_path):
     assert result.stderr.strip().splitlines()[-1] == (
         "Error: --port serves live traffic with continuous batching: no --plot or --batching static"
     )
+
+
+def test_after_compile_shapes_live_traffic_compiles_nothing(served_run_dir):
+    """``LiveServer.compile_shapes`` (``serve --port --warmup``) compiles every call greedy
+    traffic makes: requests at both heads, short and long prompts, short and long limits, more
+    at once than rows (so prefills stage, rows join and carries regroup) compile nothing new."""
+    engine = scrambled_engine(served_run_dir)
+    config = ServeConfig(max_batch=2, prefill_ahead=2)
+    long = "def main(argv):\n    return [x * 2 for x in argv if x]"[:40]
+    prompts = [*PROMPTS, long, long[:24]]
+    plan = memory_plan(engine.run, [Request("r", 0.0, p, 8) for p in prompts], config, print)
+    live = LiveServer(engine, [(1, 300), (None, HEAD)], config, plan, steps_per_call=2)
+    shapes, _ = live.compile_shapes()
+    assert shapes == engine.shapes > 0
+    cases = [(p, limit, head) for p in prompts for limit, head in ((1, None), (12, 300), (5, HEAD))]
+    live.start()
+    try:
+        tickets = [live.submit(LiveRequest(p, limit, head=head)) for p, limit, head in cases]
+        outcomes = [t.result(timeout=300) for t in tickets]
+        lone = live.submit(LiveRequest(long, 3)).result(timeout=300)  # B = 1: routed to 300
+    finally:
+        live.stop()
+    assert all(o.stop in ("eos", "max_new_tokens", "max_seq") for o in [*outcomes, lone])
+    assert {o.head for o in [*outcomes, lone]} == {300, HEAD}
+    assert engine.shapes == shapes

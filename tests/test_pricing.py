@@ -57,9 +57,9 @@ def test_copies_are_a_host_call_and_their_passes_over_the_rows():
     assert close("empty", 8, 1)
     assert close("regroup", 8, 2)
     assert close("merge", 8, 4)
-    # three requests join a carry of 16 rows: padded to 4 rows, three passes over each
+    # three requests join a carry of 16 rows: two passes over each joining row alone
     join = p.seconds(call("join", 16, joined=3), score=False)
-    assert math.isclose(join, host + 3 * 4 * row_s)
+    assert math.isclose(join, host + 2 * 3 * row_s)
 
 
 def test_decode_calls_are_loops_of_their_steps():

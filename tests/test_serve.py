@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -41,6 +43,8 @@ from vocabjax.serving import (
     write_trace,
 )
 from vocabjax.trainprofile import TrainingProfile
+
+ROOT = Path(__file__).resolve().parents[1]
 
 ROUTES = [(1, 300), (None, 500)]  # B = 1: the small head, larger batches: the large one
 POLICY = {
@@ -294,8 +298,9 @@ def test_serve_passes_first_stop_and_warmup_needs_a_port(monkeypatch):
     for args, want in (([], True), (["--first-stop"], False)):
         seen, result = serve_option(monkeypatch, "priced_stops", *args)
         assert result.exit_code == 1 and seen is want, result.output
-    seen, result = serve_option(monkeypatch, "priced_stops", "--warmup")
-    assert result.exit_code == 2 and "--warmup compiles ahead of --port" in result.output
+    for flag in (["--warmup"], ["--compile-cache", "x"]):
+        seen, result = serve_option(monkeypatch, "priced_stops", *flag)
+        assert result.exit_code == 2 and "are for --port: give --port" in result.output
 
 
 # ---- with a model -------------------------------------------------------------------------------
@@ -541,7 +546,9 @@ def test_json_output_and_plot(files, tmp_path):
 
 
 @pytest.mark.slow
-def test_warmup_compiles_the_traces_shapes_before_the_port_opens(files, monkeypatch):
+def test_warmup_compiles_every_shape_before_the_port_opens(files, monkeypatch):
+    """``--warmup`` compiles the live loop's shapes before the port opens (nothing without
+    it), and says how many."""
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
     from vocabjax.serving import http
@@ -549,12 +556,29 @@ def test_warmup_compiles_the_traces_shapes_before_the_port_opens(files, monkeypa
     opened = []
     monkeypatch.setattr(http, "serve_http", lambda live, **_: opened.append(live.engine.shapes))
     args = ("--run", files["run"], "--policy", files["policy"], "--trace", files["trace"],
-            "--max-new-tokens", "3", "--port", "8765")  # fmt: skip
+            "--max-new-tokens", "3", "--max-batch", "2", "--prefill-ahead", "0",
+            "--port", "8765")  # fmt: skip
     cold = invoke(*args)
     warm = invoke(*args, "--warmup")
     assert cold.exit_code == 0 and warm.exit_code == 0, warm.output
-    assert opened[0] == 0 < opened[1]  # nothing compiled before the port opens, then the trace's
-    assert f"the trace replayed on the virtual clock compiled {opened[1]} shapes" in warm.stderr
+    assert opened[0] == 0 < opened[1]
+    assert f"warm-up: {opened[1]} shapes compiled in " in warm.stderr
+
+
+def test_the_compile_cache_keeps_even_short_compiles(tmp_path):
+    """``--compile-cache DIR`` (``cli.use_compile_cache``): a compile of well under a second,
+    as a serving shape's is, lands in DIR (JAX's default keeps only those over a second)."""
+    cache = tmp_path / "compiled"
+    code = (
+        "import cli, jax, jax.numpy as jnp; "
+        f"cli.use_compile_cache({str(cache)!r}); "
+        "jax.jit(lambda x: x * 2 + 1).lower(jnp.ones(3)).compile()"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert any(cache.iterdir())
 
 
 @pytest.mark.slow

@@ -65,6 +65,11 @@ def pow2_rows(n: int, max_rows: int) -> int:
     return min(max_rows, 1 << max(n - 1, 0).bit_length())
 
 
+def row_buckets(max_rows: int) -> list[int]:
+    """Every bucket of rows ``pow2_rows`` gives for 1 to ``max_rows`` requests."""
+    return sorted({pow2_rows(n, max_rows) for n in range(1, max_rows + 1)})
+
+
 @dataclasses.dataclass(frozen=True)
 class Joining:
     """A request joining a running batch."""
@@ -325,28 +330,14 @@ class RunningBatch:
             raise ValueError(f"{n} requests join from a stage of {staged.left}")
         if n > self.room:
             raise ValueError(f"{n} requests join a batch with room for {self.room}")
-        config = self.engine.config(staged.head, self.sampling, self.score)
         calls, started = self._make_room(self.live + n)
         running = self.live
         free = [r for r, row in enumerate(self._rows) if row is None][:n]
-        m_pad = pow2_rows(n, staged.rows)
         picks = staged.pending[:n]
-        pad = [(picks[-1] + 1 + i) % staged.rows for i in range(m_pad - n)]  # dropped below
-        pick_m = np.asarray(picks + pad, np.int32)
-        slots_m = np.asarray(free + [self.rows] * (m_pad - n), np.int32)  # past the end: dropped
-        args = (
-            self._state,
-            self._keys_b,
-            *staged.arrays,
-            jnp.asarray(pick_m),
-            jnp.asarray(slots_m),
-        )
-        join, compile_j = self.engine.function(
-            ("join", staged.head, self.rows, staged.rows, m_pad),
-            functools.partial(_join_picked, config),
-            args,
-            donate=(0, 1),
-        )
+        slots_n = np.full(staged.rows, self.rows, np.int32)  # past the last row: not joining now
+        slots_n[picks] = free
+        args = (self._state, self._keys_b, *staged.arrays, jnp.asarray(slots_n))
+        join, compile_j = self._join_function(staged, args)
         self._state, self._keys_b = join(*args)
         counts = jax.device_get(self._counts())
         del staged.pending[:n]
@@ -382,18 +373,11 @@ class RunningBatch:
             return [], []
         started = time.perf_counter()
         running = self.live
-        params, s = self.engine.run.params, self.sampling
         vocab, mixed = self.vocab, self.mixed
         window = attention_window([r.end for r in self._rows if r is not None], self.config.max_seq)
-        config = self.engine.config(vocab, s, self.score)
-        config = dataclasses.replace(config, mixed=mixed, window=window)
-        args = (params, self._state, self._keys_b, jnp.int32(max_steps), jnp.int32(stops))
-        steps, compiled = self.engine.function(
-            ("steps", vocab, self.rows, s.temperature, s.top_k, mixed, window),
-            functools.partial(decode.decode_some, config),
-            args,
-            donate=(1,),
-        )
+        args = (self.engine.run.params, self._state, self._keys_b, jnp.int32(max_steps),
+                jnp.int32(stops))  # fmt: skip
+        steps, compiled = self._steps_function(vocab, mixed, window, args)
         self._state = steps(*args)
         before = self._done
         counts = jax.device_get(self._counts())
@@ -470,6 +454,53 @@ class RunningBatch:
         self._state = self._state._replace(real_b=self._state.real_b.at[held[0]].set(False))
         self._shrink()
         return True
+
+    def compile_shapes(self, stages: Sequence[Staged], windows: Sequence[int | None]) -> None:
+        """Compile every call this batch makes at its own head, rows at one head: at each
+        bucket of rows up to ``max_rows``, its empty carry, a decode call attending to each of
+        ``windows``, a join from each of ``stages`` (prefilled at its head, one per size of
+        stage) and a regroup into each other bucket. The carry is left empty; nothing joins."""
+        buckets = row_buckets(self.max_rows)
+        for rows in buckets:
+            self._start(rows)
+            params = self.engine.run.params
+            for window in windows:
+                args = (params, self._state, self._keys_b, jnp.int32(1), jnp.int32(1))
+                self._steps_function(self.head, False, window, args)
+            for staged in stages:
+                slots_n = jnp.full((staged.rows,), rows, jnp.int32)  # none joins
+                self._join_function(staged, (self._state, self._keys_b, *staged.arrays, slots_n))
+            for other in buckets:
+                if other != rows:
+                    self._start(rows)
+                    self._regroup(other)
+        self._state, self._keys_b, self._rows = None, None, []
+
+    def _steps_function(
+        self, vocab: int, mixed: bool, window: int | None, args: tuple
+    ) -> tuple[Any, float]:
+        """The compiled decode call of this carry at ``vocab`` (``mixed``: each row over its own
+        head) attending to ``window`` positions, and the seconds compiling it took."""
+        s = self.sampling
+        config = self.engine.config(vocab, s, self.score)
+        config = dataclasses.replace(config, mixed=mixed, window=window)
+        return self.engine.function(
+            ("steps", vocab, self.rows, s.temperature, s.top_k, mixed, window),
+            functools.partial(decode.decode_some, config),
+            args,
+            donate=(1,),
+        )
+
+    def _join_function(self, staged: Staged, args: tuple) -> tuple[Any, float]:
+        """The compiled join of ``staged``'s rows into this carry (one per carry and stage
+        size), and the seconds compiling it took."""
+        config = self.engine.config(staged.head, self.sampling, self.score)
+        return self.engine.function(
+            ("join", staged.head, self.rows, staged.rows),
+            functools.partial(_join_picked, config),
+            args,
+            donate=(0, 1),
+        )
 
     # ---- rows ---------------------------------------------------------------------------------
 
@@ -562,18 +593,15 @@ def _join_picked(
     lengths_n: jax.Array,
     limits_n: jax.Array,
     keys_n: jax.Array,
-    pick_m: jax.Array,
-    slots_m: jax.Array,
+    slots_n: jax.Array,
 ) -> tuple[decode.Decoding, jax.Array]:
-    """``decode.join`` of the staged rows ``pick_m`` into rows ``slots_m`` (a slot past the
-    last row is dropped)."""
-
-    def take(x):
-        return jnp.take(x, pick_m, axis=0)
-
-    real_m = slots_m < keys_b.shape[0]
-    picked = (jax.tree.map(take, caches), take(first_n), take(lengths_n), take(limits_n))
-    return decode.join(config, state, keys_b, *picked, real_m, take(keys_n), slots_m)
+    """``decode.join`` of a stage's rows into rows ``slots_n`` of the carry: a stage row whose
+    slot is past the last row does not join now (its cache is not read). One compiled join per
+    carry and stage size, however many of the stage join."""
+    real_n = slots_n < keys_b.shape[0]
+    return decode.join(
+        config, state, keys_b, caches, first_n, lengths_n, limits_n, real_n, keys_n, slots_n
+    )
 
 
 def _regrouped(

@@ -58,7 +58,7 @@ from vocabjax.serving.batching import (
 from vocabjax.serving.cadence import Cadence
 from vocabjax.serving.controller import QualityController, Thresholds
 from vocabjax.serving.decode import Sampling
-from vocabjax.serving.engine import Engine, bucket_length, prompt_ids
+from vocabjax.serving.engine import Engine, attention_window, bucket_length, prompt_ids
 from vocabjax.serving.mixing import Pricer, default_device
 from vocabjax.serving.records import ServeConfig
 from vocabjax.serving.router import Routes, offset_bounds, route_batch
@@ -270,6 +270,36 @@ class LiveServer:
                     f"the request's KV cache at head {vocab} does not fit the server's memory "
                     "budget: ask for fewer tokens"
                 )
+
+    def compile_shapes(self) -> tuple[int, float]:
+        """Compile, before any traffic, every device call the loop can make for greedy requests
+        (the default sampling), so that none waits for the compiler: at each head, a prefill of
+        each power of two of rows up to the most one admission takes and of each padded prompt
+        length, then a running batch's calls (``RunningBatch.compile_shapes``: its empty
+        carries, decode calls at every attention window, joins from each size of stage and
+        regroups). A sampled request's setting compiles its own when first met. The shapes
+        compiled and the seconds it took."""
+        engine, config = self.engine, self.config
+        max_seq, before, started = engine.run.max_seq, engine.shapes, time.perf_counter()
+        most = max(config.max_batch, config.prefill_ahead)
+        stage_rows = [1 << i for i in range((most - 1).bit_length() + 1)]
+        buckets = sorted({bucket_length(n, max_seq) for n in range(1, max_seq + 1)})
+        windows = list(dict.fromkeys(attention_window([e], max_seq) for e in range(1, max_seq + 1)))
+        for head in self.heads:
+            at = time.perf_counter()
+            stages = {}
+            for rows, bucket in itertools.product(stage_rows, buckets):
+                joining = [
+                    Joining(i, np.zeros(bucket, np.int32), 1, solo_key(0)) for i in range(rows)
+                ]
+                stages[rows], _ = prefill(engine, joining, head, Sampling(), score=True)
+            batch = RunningBatch(engine, head, Sampling(), max_rows=config.max_batch, score=True)
+            batch.compile_shapes(list(stages.values()), windows)
+            self.log(
+                f"  warm-up, head {head}: {engine.shapes - before} shapes so far, "
+                f"{time.perf_counter() - at:.1f} s"
+            )
+        return engine.shapes - before, time.perf_counter() - started
 
     def cancel(self, ticket: Ticket) -> None:
         """The client is gone: free what its request holds (its ``Outcome`` says cancelled)."""

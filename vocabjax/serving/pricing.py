@@ -12,8 +12,8 @@ plus its work, priced by the same ``CostModel`` that ``sweep`` and ``plan`` use:
               one host call, the steps after the first reading what fits a calibrated
               profile's cache)
     join      staged rows moved into free rows of the running carry: each joining row's
-              cache read from the stage, written as a new carry row and written into the
-              carry (three passes over a row's bytes, a power of two of rows)
+              cache read from the stage and written into the carry (two passes over a row's
+              bytes; the stage's other rows are not read)
     regroup   the held rows gathered into a carry of another size: read and written
     merge     two groups' carries concatenated, then gathered into one: priced as two passes
               over the merged carry's rows each way
@@ -37,11 +37,11 @@ from collections.abc import Iterable
 from vocabjax import unembed
 from vocabjax.costmodel import CostModel, Op, Settings
 from vocabjax.hardware import DeviceProfile
-from vocabjax.serving.batching import Call, pow2_rows
+from vocabjax.serving.batching import Call
 from vocabjax.xp import PyMath
 
 TOKEN_BYTES = 4  # a generated token id in the carry: int32
-JOIN_PASSES = 3  # a joining row: read from the stage, written as a new row, put into the carry
+JOIN_PASSES = 2  # a joining row: read from the stage, written into the carry
 MERGE_PASSES = 4  # a merge: the concatenation read and written, then gathered: read and written
 KINDS = ("prefill", "join", "steps", "regroup", "merge", "empty", "batch")
 
@@ -138,8 +138,7 @@ class CallPricer:
         if call.kind == "steps":
             return self.steps(call.steps, call.head, call.rows, call.window)
         if call.kind == "join":
-            rows = pow2_rows(call.joined, call.rows)
-            return self._copy(JOIN_PASSES * rows * self.row_bytes)
+            return self._copy(JOIN_PASSES * call.joined * self.row_bytes)
         if call.kind == "regroup":
             return self._copy(2.0 * call.rows * self.row_bytes)
         if call.kind == "merge":
