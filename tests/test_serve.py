@@ -545,24 +545,24 @@ def test_json_output_and_plot(files, tmp_path):
     assert data["priced"]["device"].startswith("a100-80gb: ")  # serve's default device
 
 
-@pytest.mark.slow
-def test_warmup_compiles_every_shape_before_the_port_opens(files, monkeypatch):
-    """``--warmup`` compiles the live loop's shapes before the port opens (nothing without
-    it), and says how many."""
+def test_warmup_compiles_the_shapes_before_the_port_opens(files, monkeypatch):
+    """``--warmup`` calls ``LiveServer.compile_shapes`` before the port opens (not without it)
+    and says what it compiled; that it compiles every shape is tests/test_http.py's."""
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
     from vocabjax.serving import http
+    from vocabjax.serving.live import LiveServer
 
-    opened = []
-    monkeypatch.setattr(http, "serve_http", lambda live, **_: opened.append(live.engine.shapes))
+    events = []
+    monkeypatch.setattr(LiveServer, "compile_shapes", lambda live: events.append("c") or (7, 0.5))
+    monkeypatch.setattr(http, "serve_http", lambda live, **_: events.append("port"))
     args = ("--run", files["run"], "--policy", files["policy"], "--trace", files["trace"],
-            "--max-new-tokens", "3", "--max-batch", "2", "--prefill-ahead", "0",
             "--port", "8765")  # fmt: skip
     cold = invoke(*args)
     warm = invoke(*args, "--warmup")
     assert cold.exit_code == 0 and warm.exit_code == 0, warm.output
-    assert opened[0] == 0 < opened[1]
-    assert f"warm-up: {opened[1]} shapes compiled in " in warm.stderr
+    assert events == ["port", "c", "port"]
+    assert "warm-up: 7 shapes compiled in 0.5 s" in warm.stderr
 
 
 def test_the_compile_cache_keeps_even_short_compiles(tmp_path):
