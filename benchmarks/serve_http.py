@@ -113,8 +113,8 @@ class Server:
         return lines[-1].strip() if lines else "no warm-up line"
 
     def compiled(self) -> int:
-        """Shapes the server has compiled while requests waited (a log line each)."""
-        return sum("(its requests waited for it)" in x for x in self.output().splitlines())
+        """Shapes the server has compiled while requests waited (its /metrics)."""
+        return self.metrics()["compiled"]["while_waiting"]
 
     def output(self) -> str:
         self.log.seek(0)
@@ -144,7 +144,6 @@ class InProcess:
         )
         self.live = live_server(inputs, config, progress=self.late.append)
         shapes, seconds = self.live.compile_shapes()
-        self.live.log = self.late.append  # from here on, a line per shape compiled late
         self.line = f"warm-up: {shapes} shapes compiled in {seconds:.1f} s"
         self.live.start()
 
@@ -152,7 +151,7 @@ class InProcess:
         return self.line
 
     def compiled(self) -> int:
-        return sum("(its requests waited for it)" in x for x in self.late)
+        return self.metrics()["compiled"]["while_waiting"]
 
     def output(self) -> str:
         return "\n".join(self.late)

@@ -152,6 +152,10 @@ def test_two_hundred_concurrent_clients_each_get_their_tokens(engine):
     assert metrics["queue_length"] == 0 and metrics["running"] == 0
     assert metrics["windowed_bpb"] is not None and metrics["memory"]["kv_bytes"] == 0
     assert any("compiled head 500: join at 16 rows" in line for line in lines)  # batched
+    late = sum("(its requests waited for it)" in line for line in lines)
+    compiled = metrics["compiled"]
+    assert compiled["while_waiting"] == late > 0 and compiled["while_waiting_s"] > 0
+    assert compiled["shapes"] >= late
 
 
 @pytest.mark.slow
@@ -349,3 +353,5 @@ def test_after_compile_shapes_live_traffic_compiles_nothing(served_run_dir):
     assert all(o.stop in ("eos", "max_new_tokens", "max_seq") for o in [*outcomes, lone])
     assert {o.head for o in [*outcomes, lone]} == {300, HEAD}
     assert engine.shapes == shapes
+    assert live.metrics()["compiled"] == {"shapes": shapes, "while_waiting": 0,
+                                          "while_waiting_s": 0.0}  # fmt: skip

@@ -175,6 +175,8 @@ class _Counts:
     memory_waits: int = 0
     router_switches: int = 0
     controller_moves: int = 0
+    late_shapes: int = 0  # device functions compiled while requests waited for them
+    late_compile_s: float = 0.0
     by_head: dict[int, dict[str, int]] = dataclasses.field(default_factory=dict)
 
 
@@ -350,6 +352,11 @@ class LiveServer:
                     "kv_bytes": self._kv_bytes,
                     "kv_budget_bytes": self.plan.kv_budget,
                     "waits": c.memory_waits,
+                },
+                "compiled": {
+                    "shapes": self.engine.shapes,
+                    "while_waiting": c.late_shapes,
+                    "while_waiting_s": round(c.late_compile_s, 3),
                 },
                 "draining": self.draining,
             }
@@ -587,9 +594,13 @@ class LiveServer:
                     self._stream(h, tokens.get(h.ticket.number, ()))
 
     def _compiled(self, calls: Sequence[Call]) -> None:
-        """A line per new shape: its first request waited for the compiling."""
+        """A line per new shape: its first request waited for the compiling (counted for
+        /metrics)."""
         for c in calls:
             if c.compile_s:
+                with self._lock:
+                    self._counts.late_shapes += 1
+                    self._counts.late_compile_s += c.compile_s
                 self.log(f"  {c.compiled_line()} (its requests waited for it)")
 
     def _stream(self, held: _Held, tokens: Sequence[int]) -> None:
