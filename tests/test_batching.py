@@ -105,6 +105,8 @@ def test_prompts_prefilled_ahead_join_a_few_at_a_time_with_their_solo_tokens(eng
         batch.join_staged(staged, 3)
     joined, done, calls = batch.join_staged(staged, 1)
     assert [j.tag for j in joined] == [0] and staged.left == 3 and calls[-1].kind == "join"
+    with pytest.raises(ValueError, match="1 requests are held"):  # it would lose request 0
+        batch.compile_shapes([staged], [None])
     assert staged.cancel(3) and not staged.cancel(3) and not staged.cancel(0)  # 0 has joined
     assert [j.tag for j in staged.waiting] == [1, 4]
     while batch.live or staged.left:

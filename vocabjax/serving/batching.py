@@ -459,7 +459,10 @@ class RunningBatch:
         """Compile every call this batch makes at its own head, rows at one head: at each
         bucket of rows up to ``max_rows``, its empty carry, a decode call attending to each of
         ``windows``, a join from each of ``stages`` (prefilled at its head, one per size of
-        stage) and a regroup into each other bucket. The carry is left empty; nothing joins."""
+        stage) and a regroup into each other bucket. The carry is left empty; nothing joins.
+        Only for a batch that holds no request (its carry is replaced)."""
+        if self.live:
+            raise ValueError(f"compile_shapes replaces the carry: {self.live} requests are held")
         buckets = row_buckets(self.max_rows)
         for rows in buckets:
             self._start(rows)
