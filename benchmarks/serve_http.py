@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 from _report import header  # noqa: E402
+from serve import two_routes  # noqa: E402
 
 from cli import use_compile_cache  # noqa: E402
 from vocabjax import render  # noqa: E402
@@ -285,7 +286,7 @@ def main(argv=None) -> int:
     write_trace(work / "trace.jsonl", trace)
     policy = args.policy
     if policy is None:  # benchmarks/serve.py's two routes: B <= 4 to the smallest head
-        routes = [{"max_batch": 4, "head": heads[0]}, {"max_batch": None, "head": heads[-1]}]
+        routes = [{"max_batch": b, "head": v} for b, v in two_routes(heads)]
         doc = {"schema": schemas(POLICY_KIND)[-1], "kind": POLICY_KIND, "batch_routes": routes}
         policy = str(atomic_write_json(work / "policy.json", doc))
     common = ["--run", args.run, "--policy", policy, "--trace", str(work / "trace.jsonl"),

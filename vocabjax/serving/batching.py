@@ -65,6 +65,12 @@ def pow2_rows(n: int, max_rows: int) -> int:
     return min(max_rows, 1 << max(n - 1, 0).bit_length())
 
 
+def prefill_rows(n: int) -> int:
+    """The rows a prefill of ``n`` prompts runs as: the next power of two (no cap: a prefill
+    may take more prompts than a batch has rows, the rest staged)."""
+    return 1 << (n - 1).bit_length()
+
+
 def row_buckets(max_rows: int) -> list[int]:
     """Every bucket of rows ``pow2_rows`` gives for 1 to ``max_rows`` requests."""
     return sorted({pow2_rows(n, max_rows) for n in range(1, max_rows + 1)})
@@ -146,7 +152,7 @@ def _padded(
     """The joining requests as a prefill's inputs, padded to a power of two of rows (a padding
     row is one token long, its key the first request's, its limit 1): ids (rows, bucket) with
     the bucket from ``bucket_length``, lengths, keys, limits, and the bucket."""
-    n_pad = 1 << (len(joining) - 1).bit_length()
+    n_pad = prefill_rows(len(joining))
     pad = n_pad - len(joining)
     lengths = [len(j.ids) for j in joining]
     bucket = bucket_length(max(lengths), max_seq)
@@ -463,10 +469,9 @@ class RunningBatch:
         Only for a batch that holds no request (its carry is replaced)."""
         if self.live:
             raise ValueError(f"compile_shapes replaces the carry: {self.live} requests are held")
-        buckets = row_buckets(self.max_rows)
+        buckets, params = row_buckets(self.max_rows), self.engine.run.params
         for rows in buckets:
             self._start(rows)
-            params = self.engine.run.params
             for window in windows:
                 args = (params, self._state, self._keys_b, jnp.int32(1), jnp.int32(1))
                 self._steps_function(self.head, False, window, args)

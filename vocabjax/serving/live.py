@@ -53,6 +53,7 @@ from vocabjax.serving.batching import (
     RunningBatch,
     Staged,
     prefill,
+    prefill_rows,
     solo_key,
 )
 from vocabjax.serving.cadence import Cadence
@@ -283,8 +284,8 @@ class LiveServer:
         compiled and the seconds it took."""
         engine, config = self.engine, self.config
         max_seq, before, started = engine.run.max_seq, engine.shapes, time.perf_counter()
-        most = max(config.max_batch, config.prefill_ahead)
-        stage_rows = [1 << i for i in range((most - 1).bit_length() + 1)]
+        most = max(config.max_batch, config.prefill_ahead)  # prompts one admission prefills
+        stage_rows = sorted({prefill_rows(n) for n in range(1, most + 1)})
         buckets = sorted({bucket_length(n, max_seq) for n in range(1, max_seq + 1)})
         windows = list(dict.fromkeys(attention_window([e], max_seq) for e in range(1, max_seq + 1)))
         for head in self.heads:
