@@ -330,6 +330,7 @@ def test_port_takes_no_static_batching(served_run_dir, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_after_compile_shapes_live_traffic_compiles_nothing(served_run_dir):
     """``LiveServer.compile_shapes`` (``serve --port --warmup``) compiles every call greedy
     traffic makes: requests at both heads, short and long prompts, short and long limits, more

@@ -565,6 +565,7 @@ def test_warmup_compiles_the_shapes_before_the_port_opens(files, monkeypatch):
     assert "warm-up: 7 shapes compiled in 0.5 s" in warm.stderr
 
 
+@pytest.mark.slow
 def test_the_compile_cache_keeps_even_short_compiles(tmp_path):
     """``--compile-cache DIR`` (``cli.use_compile_cache``): a compile of well under a second,
     as a serving shape's is, lands in DIR (JAX's default keeps only those over a second)."""
