@@ -1310,10 +1310,14 @@ def _timing_columns(t: dict) -> dict:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address --port listens on.")
 @click.option(
     "--warmup",
-    is_flag=True,
+    type=click.Choice(["greedy", "sampled"]),
+    is_flag=False,
+    flag_value="greedy",
     help="With --port: compile every device call greedy requests can need (each head, row "
     "bucket, prompt length, attention window and stage size) before the port opens, so that no "
-    "request waits for the compiler (minutes on a CPU; a sampled setting compiles when first met).",
+    "request waits for the compiler (minutes on a CPU). '--warmup sampled' also compiles those "
+    "of requests sampled at any temperature (twice the shapes); a top_k's bucket (16, 64, 256, "
+    "...) compiles when first met.",
 )
 @click.option(
     "--compile-cache",
@@ -1410,9 +1414,9 @@ def _priced(run, result):
     return device, [*priced, total(priced)]
 
 
-def _serve_port(inputs, config, host: str, port: int, warmup: bool) -> None:
+def _serve_port(inputs, config, host: str, port: int, warmup: str | None) -> None:
     """``serve --port``: the HTTP endpoint until Ctrl-C has drained it; ``warmup``: every shape
-    greedy requests can need compiled first (``LiveServer.compile_shapes``)."""
+    greedy (or also sampled) requests can need compiled first (``LiveServer.compile_shapes``)."""
     try:
         from vocabjax.serving.http import serve_http
     except ImportError as exc:
@@ -1425,8 +1429,9 @@ def _serve_port(inputs, config, host: str, port: int, warmup: bool) -> None:
     log("the KV plan is sized for traffic like that trace")
     live = live_server(inputs, config, progress=log)
     if warmup:
-        log("warm-up: compiling every shape greedy requests can need, before the port opens")
-        shapes, seconds = live.compile_shapes()
+        what = "greedy" if warmup == "greedy" else "greedy and sampled"
+        log(f"warm-up: compiling every shape {what} requests can need, before the port opens")
+        shapes, seconds = live.compile_shapes(sampled=warmup == "sampled")
         log(f"warm-up: {shapes} shapes compiled in {seconds:.1f} s")
     serve_http(live, host=host, port=port, log=log)
 

@@ -43,18 +43,26 @@ def solo(engine: Engine, i: int, sampling: Sampling) -> tuple[int, ...]:
     return out.completions[0].tokens
 
 
+# each request's sampling: all greedy, or a mix of settings in one batch (greedy, sampled, top k)
+GREEDY = (Sampling(),) * 6
+MIXED = (Sampling(), Sampling(0.7), Sampling(1.3, top_k=5), Sampling(), Sampling(1.0, top_k=20),
+         Sampling(0.9))  # fmt: skip
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "sampling", [Sampling(), Sampling(temperature=1.0)], ids=["greedy", "sampled"]
-)
-def test_joining_and_leaving_rows_change_no_request_tokens(engine, sampling):
+@pytest.mark.parametrize("settings", [GREEDY, MIXED], ids=["greedy", "mixed"])
+def test_joining_and_leaving_rows_change_no_request_tokens(engine, settings):
+    """Requests join a batch and leave it, each with its own sampling: each gets its solo
+    tokens, and the batch's decode calls compile per how its rows pick (greedy at one head, or
+    per row for the sampling bucket), never per temperature or top k."""
     ids = engine.encode(PROMPTS, HEAD)
+    before = set(engine._functions)
     assert {bucket_length(len(x), engine.run.max_seq) for x in ids} == {16, 32}
 
     def joining(*which: int) -> list[Joining]:
-        return [Joining(i, ids[i], LIMITS[i], solo_key(100 + i)) for i in which]
+        return [Joining(i, ids[i], LIMITS[i], solo_key(100 + i), settings[i]) for i in which]
 
-    batch = RunningBatch(engine, HEAD, sampling, max_rows=4)
+    batch = RunningBatch(engine, HEAD, max_rows=4)
     got: dict[int, tuple[int, ...]] = {}
     kinds: list[tuple[str, int, int]] = []  # (call, rows, requests running when it started)
 
@@ -77,7 +85,7 @@ def test_joining_and_leaving_rows_change_no_request_tokens(engine, sampling):
         keep(*batch.advance(2))
     assert sorted(got) == list(range(6))
     for i in range(6):
-        want = solo(engine, i, sampling)
+        want = solo(engine, i, settings[i])
         assert got[i] == want, f"request {i}"
         assert len(want) == LIMITS[i]  # every request ran to its own limit
     assert len({t for ts in got.values() for t in ts}) > 10  # varied tokens: the check has teeth
@@ -85,6 +93,9 @@ def test_joining_and_leaving_rows_change_no_request_tokens(engine, sampling):
     assert any(k == "regroup" and rows < 4 for k, rows, _ in kinds)  # and shrank when it drained
     assert running == 2 and ("join", 4, 2) in kinds  # 4 and 5 joined while two ran
     assert batch.rows == 0  # empty: dropped
+    picks = {key[3] for key in set(engine._functions) - before if key[0] == "steps"}
+    assert picks <= {None, dec.RowPicks(False, 0), dec.RowPicks(True, 0), dec.RowPicks(True, 64)}
+    assert (dec.RowPicks(True, 64) in picks) == (settings == MIXED)
 
 
 @pytest.mark.slow
@@ -95,11 +106,11 @@ def test_prompts_prefilled_ahead_join_a_few_at_a_time_with_their_solo_tokens(eng
     sampling = Sampling(temperature=1.0)
     ids = engine.encode(PROMPTS, HEAD)
     which = (0, 1, 3, 4)
-    joining = [Joining(i, ids[i], LIMITS[i], solo_key(100 + i)) for i in which]
-    staged, call = prefill(engine, joining, HEAD, sampling, score=True)
+    joining = [Joining(i, ids[i], LIMITS[i], solo_key(100 + i), sampling) for i in which]
+    staged, call = prefill(engine, joining, HEAD, score=True)
     assert (call.kind, call.rows, call.joined, staged.rows, staged.left) == ("prefill", 4, 4, 4, 4)
     assert all(j.prompt_nats is not None for j in staged.joined)
-    batch = RunningBatch(engine, HEAD, sampling, max_rows=2, score=True)
+    batch = RunningBatch(engine, HEAD, max_rows=2, score=True)
     got: dict[int, tuple[int, ...]] = {}
     with pytest.raises(ValueError, match="room for 2"):
         batch.join_staged(staged, 3)
@@ -166,10 +177,10 @@ def test_two_batches_merged_give_each_request_its_solo_tokens(engine):
     ids = {i: engine.encode([PROMPTS[i]], head)[0] for i, head in at.items()}
 
     def joining(i: int) -> list[Joining]:
-        return [Joining(i, ids[i], LIMITS[i], solo_key(100 + i))]
+        return [Joining(i, ids[i], LIMITS[i], solo_key(100 + i), sampling)]
 
-    a = RunningBatch(engine, HEAD, sampling, max_rows=4)
-    b = RunningBatch(engine, 300, sampling, max_rows=4)
+    a = RunningBatch(engine, HEAD, max_rows=4)
+    b = RunningBatch(engine, 300, max_rows=4)
     got: dict[int, tuple[int, ...]] = {}
 
     def keep(done, calls):
@@ -181,7 +192,7 @@ def test_two_batches_merged_give_each_request_its_solo_tokens(engine):
     keep(*b.advance(1))
     assert (a.live, b.live) == (2, 1)
     with pytest.raises(ValueError, match="max_rows cannot merge"):
-        RunningBatch(engine, HEAD, sampling, max_rows=1).absorb(b)
+        RunningBatch(engine, HEAD, max_rows=1).absorb(b)
     call = a.absorb(b)
     assert call.kind == "merge" and call.rows == 4 and call.running == 3 and call.mixed
     assert a.mix == {HEAD: 2, 300: 1} and (b.live, b.rows) == (0, 0)

@@ -101,6 +101,10 @@ def events(lines: list[str]) -> list[dict | str]:
     return out
 
 
+# sampled clients' settings, one batch for all (and the greedy ones): by seed % 2
+TEMPERATURE, TOP_K = (0.8, 1.1), (None, 12)
+
+
 @pytest.mark.slow
 def test_two_hundred_concurrent_clients_each_get_their_tokens(engine):
     # (prompt, max_tokens, seed: None for greedy, stream)
@@ -111,7 +115,7 @@ def test_two_hundred_concurrent_clients_each_get_their_tokens(engine):
         prompt, n, seed, stream = case
         body = {"prompt": prompt, "max_tokens": n, "stream": stream}
         if seed is not None:
-            body.update(temperature=0.8, seed=seed)
+            body.update(temperature=TEMPERATURE[seed % 2], top_k=TOP_K[seed % 2], seed=seed)
         if not stream:
             r = await client.post(url, json=body)
             assert r.status_code == 200, r.text
@@ -137,7 +141,9 @@ def test_two_hundred_concurrent_clients_each_get_their_tokens(engine):
         metrics = httpx.get(base + "/metrics").json()
     assert len({last["id"] for _, last in results}) == 200  # none duplicated, none lost
     for (prompt, n, seed, _), (text, last) in zip(cases, results, strict=True):
-        sampling = Sampling(0.8, None, seed) if seed is not None else Sampling()
+        sampling = Sampling()
+        if seed is not None:
+            sampling = Sampling(TEMPERATURE[seed % 2], TOP_K[seed % 2], seed)
         want = engine.generate([prompt], head=HEAD, max_new_tokens=n, sampling=sampling)
         c = want.completions[0]
         assert text == c.text, (prompt, n, seed)
@@ -281,8 +287,10 @@ def test_the_live_server_prefills_ahead_within_the_budget_and_keeps_solo_tokens(
     assert plan.b_max[HEAD] == 4 and config.prefill_ahead == 16
     live = Watched(engine, [(None, HEAD)], config, plan, steps_per_call=2)
 
-    def sampling(seed: int | None) -> Sampling:
-        return Sampling() if seed is None else Sampling(0.8, None, seed)
+    def sampling(seed: int | None) -> Sampling:  # four settings, sharing the one row
+        return (
+            Sampling() if seed is None else Sampling(0.6 + seed % 4 / 4, (None, 5)[seed % 2], seed)
+        )
 
     tickets = [live.submit(LiveRequest(p, limit, sampling(seed))) for p, seed in cases]
     leaving = 2
@@ -332,21 +340,27 @@ def test_port_takes_no_static_batching(served_run_dir, tmp_path):
 
 @pytest.mark.slow
 def test_after_compile_shapes_live_traffic_compiles_nothing(served_run_dir):
-    """``LiveServer.compile_shapes`` (``serve --port --warmup``) compiles every call greedy
-    traffic makes: requests at both heads, short and long prompts, short and long limits, more
-    at once than rows (so prefills stage, rows join and carries regroup) compile nothing new."""
+    """``LiveServer.compile_shapes(sampled=True)`` (``serve --port --warmup sampled``) compiles
+    every call greedy and sampled traffic makes: requests at both heads, greedy and sampled at
+    several temperatures in the same batches, short and long prompts, short and long limits,
+    more at once than rows (so prefills stage, rows join and carries regroup) compile nothing
+    new."""
     engine = scrambled_engine(served_run_dir)
     config = ServeConfig(max_batch=2, prefill_ahead=2)
     long = "def main(argv):\n    return [x * 2 for x in argv if x]"[:40]
     prompts = [*PROMPTS, long, long[:24]]
     plan = memory_plan(engine.run, [Request("r", 0.0, p, 8) for p in prompts], config, print)
     live = LiveServer(engine, [(1, 300), (None, HEAD)], config, plan, steps_per_call=2)
-    shapes, _ = live.compile_shapes()
+    shapes, _ = live.compile_shapes(sampled=True)
     assert shapes == engine.shapes > 0
     cases = [(p, limit, head) for p in prompts for limit, head in ((1, None), (12, 300), (5, HEAD))]
+    settings = [Sampling(), Sampling(0.7, seed=1), Sampling(), Sampling(1.3, seed=2)]
     live.start()
     try:
-        tickets = [live.submit(LiveRequest(p, limit, head=head)) for p, limit, head in cases]
+        tickets = [
+            live.submit(LiveRequest(p, limit, settings[i % 4], head=head))
+            for i, (p, limit, head) in enumerate(cases)
+        ]
         outcomes = [t.result(timeout=300) for t in tickets]
         lone = live.submit(LiveRequest(long, 3)).result(timeout=300)  # B = 1: routed to 300
     finally:

@@ -15,6 +15,7 @@ from flax import nnx
 from serving_testing import MICRO, scrambled_engine
 
 from vocabjax.costmodel import CostModel, Settings
+from vocabjax.errors import UserError
 from vocabjax.hardware import load_device
 from vocabjax.models import GPT, GPTConfig
 from vocabjax.serving import Engine, Request, Sampling, ServeConfig, serve
@@ -31,35 +32,61 @@ SAMPLING_IDS = ["greedy", "sampled", "top_k"]
 # ---- the masked pick ----------------------------------------------------------------------------
 
 
+# settings of one batch's rows: greedy, sampled, top k in the smallest bucket and in the next
+SETTINGS = [Sampling(), Sampling(0.7), Sampling(1.3, top_k=5), Sampling(1.0, top_k=20)]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("sampling", SAMPLINGS, ids=SAMPLING_IDS)
-def test_a_mixed_pick_is_each_rows_pick_at_its_own_head(sampling):
+def test_rows_of_every_sampling_and_head_in_one_pick_pick_as_each_alone():
+    """One per-row pick over rows of four settings at three heads: each row's token is its own
+    head and setting's pick alone (``per_row=None``, the setting static), compiled for the
+    bucket (sampled, top k <= 64) and not per setting."""
     heads = (31, 64, 97)
     model = GPT(GPTConfig(MICRO, max_vocab=97, max_seq=8), rngs=nnx.Rngs(3))
-    rows = 13
-    kh, kk, kv = jax.random.split(jax.random.key(11), 3)
+    rows = 24
+    kh, kk = jax.random.split(jax.random.key(12))
     h_bd = 3.0 * jax.random.normal(kh, (rows, MICRO.d_model), jnp.float32)
-    h_bd = h_bd.at[4].set(jnp.nan)  # a non-finite state: -1 at every head
+    h_bd = h_bd.at[5].set(jnp.inf)  # a non-finite state: -1 whatever its setting
     keys_b = jax.random.split(kk, rows)
-    j_b = jnp.arange(rows, dtype=jnp.int32) % 3
-    vocab_b = jnp.asarray(heads, jnp.int32)[jax.random.randint(kv, (rows,), 0, len(heads))]
+    j_b = jnp.arange(rows, dtype=jnp.int32) % 5
+    setting_b = np.arange(rows) % len(SETTINGS)
+    vocab_b = np.asarray(heads)[(np.arange(rows) // len(SETTINGS)) % len(heads)]
+    temp_b = jnp.asarray([SETTINGS[i].temperature for i in setting_b], jnp.float32)
+    topk_b = jnp.asarray([SETTINGS[i].top_k or 0 for i in setting_b], jnp.int32)
+    picks = dec.RowPicks.of(SETTINGS)
+    assert picks == dec.RowPicks(True, 64)  # top k 20: the bucket of 64
+    config = dec.DecodeConfig(None, 8, 97, per_row=picks)
+    fn = jax.jit(lambda *a: dec.pick(config, model, h_bd, keys_b, j_b, *a))
+    got = np.asarray(fn(jnp.asarray(vocab_b, jnp.int32), temp_b, topk_b))
 
-    def picks(head: int, mask=None) -> np.ndarray:
-        config = dec.DecodeConfig(None, 8, head=head, sampling=sampling, mixed=mask is not None)
-        fn = jax.jit(lambda h, k, j, v: dec.pick(config, model, h, k, j, v))
-        return np.asarray(fn(h_bd, keys_b, j_b, mask))
+    def alone(head: int, s: Sampling) -> np.ndarray:
+        own = dec.DecodeConfig(None, 8, head, s)
+        return np.asarray(jax.jit(lambda: dec.pick(own, model, h_bd, keys_b, j_b))())
 
-    mixed = picks(97, vocab_b)
-    own = {v: picks(v) for v in heads}  # each head's own step over the same rows
-    want = np.asarray([own[int(v)][i] for i, v in enumerate(vocab_b)])
-    np.testing.assert_array_equal(mixed, want)
-    assert mixed[4] == -1 and (mixed[np.arange(rows) != 4] >= 0).all()
-    assert (mixed < np.asarray(vocab_b)).all()
-    assert len(set(np.asarray(vocab_b).tolist())) == 3  # every head has rows
-    unmasked = own[97]  # the teeth: without its mask a smaller head's row leaves its prefix
-    assert (
-        unmasked[np.asarray(vocab_b) < 97] >= np.asarray(vocab_b)[np.asarray(vocab_b) < 97]
-    ).any()
+    want = [alone(int(v), SETTINGS[i])[r] for r, (v, i) in enumerate(zip(vocab_b, setting_b))]
+    np.testing.assert_array_equal(got, want)
+    assert got[5] == -1 and (np.delete(got, 5) >= 0).all() and (got < vocab_b).all()
+    # the teeth: greedy for every row picks otherwise, and so does the widest head for all
+    greedy = np.asarray(fn(jnp.asarray(vocab_b, jnp.int32), temp_b * 0, topk_b * 0))
+    assert (greedy != got).sum() >= 6
+    unmasked = np.asarray(fn(jnp.full(rows, 97, jnp.int32), temp_b, topk_b))
+    assert (unmasked >= vocab_b).any()
+
+
+def test_row_picks_bucket_the_largest_top_k():
+    of = dec.RowPicks.of
+    assert of([Sampling()]) == (False, 0) and of([]) == (False, 0)
+    assert of([Sampling(), Sampling(0.5)]) == (True, 0)
+    assert of([Sampling(0.5, top_k=1)]) == (True, 16)
+    assert of([Sampling(0.5, top_k=16), Sampling(2.0, top_k=3)]) == (True, 16)
+    assert of([Sampling(0.5, top_k=17)]) == (True, 64)
+    assert of([Sampling(0.5, top_k=300)]) == (True, 1024)
+
+
+def test_a_temperature_whose_inverse_overflows_is_refused():
+    with pytest.raises(UserError, match="temperature=1e-09 is below 1e-06: give 0"):
+        Sampling(1e-9)
+    assert Sampling(1e-6).temperature == 1e-6
 
 
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=SAMPLING_IDS)
@@ -77,7 +104,13 @@ def test_a_nan_weight_stops_the_heads_that_hold_it_alone(sampling):
     vocab_b = jnp.asarray(np.repeat(heads, 3), jnp.int32)
 
     def picks(head: int, mask=None) -> np.ndarray:
-        config = dec.DecodeConfig(None, 8, head=head, sampling=sampling, mixed=mask is not None)
+        config = dec.DecodeConfig(
+            None,
+            8,
+            head,
+            sampling,
+            per_row=dec.RowPicks.of([sampling]) if mask is not None else None,
+        )
         return np.asarray(jax.jit(lambda h: dec.pick(config, model, h, keys_b, j_b, mask))(h_bd))
 
     mixed = picks(97, vocab_b)
@@ -98,7 +131,9 @@ def test_a_mixed_decode_loop_equals_each_heads_loop():
     rng = jax.random.key(0)
 
     def run(head: int, mixed: bool):
-        config = dec.DecodeConfig(fn, 24, head=head, mixed=mixed)
+        config = dec.DecodeConfig(
+            fn, 24, head=head, per_row=dec.RowPicks(False, 0) if mixed else None
+        )
         caches, _, _ = jax.jit(functools.partial(dec.prefill, config))(
             params, ids_bt, lengths_b, rng
         )
@@ -140,7 +175,7 @@ AT = (300, 500, 300, 500)  # the head each request runs at
     ids=["greedy", "top_k"],
 )
 def test_rows_at_two_heads_in_one_batch_get_their_solo_tokens(engine, sampling):
-    batch = RunningBatch(engine, 300, sampling, max_rows=4)
+    batch = RunningBatch(engine, 300, max_rows=4)
     got: dict[int, tuple[int, ...]] = {}
     mixed_calls = []
 
@@ -149,7 +184,9 @@ def test_rows_at_two_heads_in_one_batch_get_their_solo_tokens(engine, sampling):
         mixed_calls.extend(c.mixed for c in calls if c.kind == "steps")
 
     def joining(i: int) -> list[Joining]:
-        return [Joining(i, engine.encode([PROMPTS[i]], AT[i])[0], LIMITS[i], solo_key(50 + i))]
+        return [
+            Joining(i, engine.encode([PROMPTS[i]], AT[i])[0], LIMITS[i], solo_key(50 + i), sampling)
+        ]
 
     keep(*batch.join(joining(0))[1:])
     keep(*batch.advance(2))

@@ -554,15 +554,24 @@ def test_warmup_compiles_the_shapes_before_the_port_opens(files, monkeypatch):
     from vocabjax.serving.live import LiveServer
 
     events = []
-    monkeypatch.setattr(LiveServer, "compile_shapes", lambda live: events.append("c") or (7, 0.5))
+
+    def compile_shapes(live, *, sampled):
+        events.append(f"c sampled={sampled}")
+        return 7, 0.5
+
+    monkeypatch.setattr(LiveServer, "compile_shapes", compile_shapes)
     monkeypatch.setattr(http, "serve_http", lambda live, **_: events.append("port"))
     args = ("--run", files["run"], "--policy", files["policy"], "--trace", files["trace"],
             "--port", "8765")  # fmt: skip
     cold = invoke(*args)
-    warm = invoke(*args, "--warmup")
-    assert cold.exit_code == 0 and warm.exit_code == 0, warm.output
-    assert events == ["port", "c", "port"]
+    warm = invoke("--warmup", *args)  # a bare --warmup before another option: greedy
+    both = invoke(*args, "--warmup", "sampled")
+    assert cold.exit_code == 0 and warm.exit_code == 0 and both.exit_code == 0, warm.output
+    assert events == ["port", "c sampled=False", "port", "c sampled=True", "port"]
     assert "warm-up: 7 shapes compiled in 0.5 s" in warm.stderr
+    assert "every shape greedy and sampled requests can need" in both.stderr
+    wrong = invoke(*args, "--warmup", "top_k")
+    assert wrong.exit_code == 2 and "'top_k' is not one of 'greedy', 'sampled'" in wrong.output
 
 
 @pytest.mark.slow

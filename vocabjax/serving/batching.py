@@ -1,8 +1,8 @@
 """Continuous batching: a running batch of rows at one head, which requests join between decode
 steps and leave when they stop.
 
-    batch = RunningBatch(engine, head=500, sampling=Sampling(), max_rows=32, score=True)
-    joined, done, calls = batch.join([Joining(tag, ids, limit, key), ...])
+    batch = RunningBatch(engine, head=500, max_rows=32, score=True)
+    joined, done, calls = batch.join([Joining(tag, ids, limit, key, Sampling(0.8)), ...])
     done, calls = batch.advance(max_steps=16)    # <= 16 steps on the device, fewer if a row stops
     batch.live, batch.rows
 
@@ -18,7 +18,7 @@ so a caller can prefill several waiting prompts in one larger call and join them
 time (``staging.py`` decides which; a staged request whose client leaves is skipped,
 ``Staged.cancel``):
 
-    staged, call = prefill(engine, [Joining(...), ...], head=500, sampling=s, score=True)
+    staged, call = prefill(engine, [Joining(...), ...], head=500, score=True)
     joined, done, calls = batch.join_staged(staged, 2)   # the first two; staged.left: the rest
 
 ``advance`` runs ``decode.decode_some``: the on-device loop, for at most ``max_steps`` steps
@@ -29,16 +29,21 @@ model computes each row on its own, greedy picks are per row, and a sampled row 
 with ``fold_in(Joining.key, j)``. So a request gets what ``Engine.generate`` gives it alone
 with that key (``solo_key``; tested).
 
-Rows may be at different nested heads (``join(..., head=V)``): a batch whose running rows are
-all at one head steps over that head as before; one that holds several (a mixed group, see
-``mixing.py``) steps over the widest head ``W[:V_max]``, each row picking over its own prefix
-``W[:V_row]`` (``decode.pick_masked``), so a row's tokens are still those of its own head.
+Each request brings its own sampling (``Joining.sampling``: temperature and top k), carried per
+row on the device, so one batch holds greedy and sampled requests of any settings. Rows may also
+be at different nested heads (``join(..., head=V)``). A batch whose rows are all greedy at one
+head steps over that head with ``unembed``'s kernels as before; one that holds sampled rows or
+several heads (a mixed group, see ``mixing.py``) steps over the widest head ``W[:V_max]``, each
+row picking its own way over its own prefix ``W[:V_row]`` (``decode.pick_rows``), so a row's
+tokens are still those of its own head and setting. Such a step is compiled per
+``decode.RowPicks`` (whether any row samples, a bucket of the largest top k), not per setting.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import time
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -48,7 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vocabjax.serving import decode
-from vocabjax.serving.decode import STOP_CODES, STOP_NAMES, Sampling, Stop
+from vocabjax.serving.decode import STOP_CODES, STOP_NAMES, RowPicks, Sampling, Stop
 from vocabjax.serving.engine import Engine, attention_window, bucket_length, check_finite
 
 SHRINK = 4  # regroup into a smaller bucket once at most 1/SHRINK of the rows hold requests
@@ -84,6 +89,7 @@ class Joining:
     ids: np.ndarray  # prompt ids at the batch's head, the separator first
     limit: int  # most tokens it may generate
     key: jax.Array  # its sampling key (typed): token j is drawn with fold_in(key, j)
+    sampling: Sampling = Sampling()  # its temperature and top k (its seed is not read: ``key``)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,16 +148,18 @@ class _Row:
     tag: Any
     prompt_tokens: int
     head: int  # the head it runs at
+    sampling: Sampling  # how it picks
     end: int  # prompt tokens + its limit: it feeds no token at or past this position
     left: int = 0  # decode steps to its limit or the carry's end, as of the last call's counts
 
 
 def _padded(
     joining: Sequence[Joining], max_seq: int
-) -> tuple[np.ndarray, jax.Array, jax.Array, jax.Array, int]:
+) -> tuple[np.ndarray, jax.Array, jax.Array, jax.Array, jax.Array, jax.Array, int]:
     """The joining requests as a prefill's inputs, padded to a power of two of rows (a padding
-    row is one token long, its key the first request's, its limit 1): ids (rows, bucket) with
-    the bucket from ``bucket_length``, lengths, keys, limits, and the bucket."""
+    row is one token long, its key the first request's, its limit 1, greedy): ids (rows,
+    bucket) with the bucket from ``bucket_length``, lengths, keys, limits, temperatures, top
+    ks (0: none), and the bucket."""
     n_pad = prefill_rows(len(joining))
     pad = n_pad - len(joining)
     lengths = [len(j.ids) for j in joining]
@@ -164,6 +172,8 @@ def _padded(
         jnp.asarray(np.asarray(lengths + [1] * pad, np.int32)),
         jnp.stack([j.key for j in joining] + [joining[0].key] * pad),
         jnp.asarray(np.asarray([j.limit for j in joining] + [1] * pad, np.int32)),
+        jnp.asarray(np.asarray([j.sampling.temperature for j in joining] + [0] * pad, np.float32)),
+        jnp.asarray(np.asarray([j.sampling.top_k or 0 for j in joining] + [0] * pad, np.int32)),
         bucket,
     )
 
@@ -171,15 +181,16 @@ def _padded(
 @dataclasses.dataclass
 class Staged:
     """Prompts prefilled together, waiting to join running rows (``RunningBatch.join_staged``
-    takes them in order, skipping any cancelled): their caches, first tokens, lengths, limits
-    and keys on the device, as rows of their own prefill (padding rows last), and each one's
-    prompt tokens and nats."""
+    takes them in order, skipping any cancelled): their caches, first tokens, lengths, limits,
+    keys, temperatures and top ks on the device, as rows of their own prefill (padding rows
+    last), and each one's prompt tokens and nats."""
 
     head: int
     joining: tuple[Joining, ...]
     joined: tuple[Joined, ...]
     bucket: int  # their padded prompt length
-    arrays: tuple[Any, jax.Array, jax.Array, jax.Array, jax.Array]  # caches, first, len, limit, key
+    # caches, first tokens, lengths, limits, keys, temperatures, top ks
+    arrays: tuple[Any, jax.Array, jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]
     # rows still to join, in order: not joined and not cancelled
     pending: list[int] = dataclasses.field(init=False)
 
@@ -211,19 +222,21 @@ class Staged:
 
 
 def prefill(
-    engine: Engine, joining: Sequence[Joining], head: int, sampling: Sampling, score: bool
+    engine: Engine, joining: Sequence[Joining], head: int, score: bool
 ) -> tuple[Staged, Call]:
     """Prefill ``joining`` together at ``head`` (their ids at that head), apart from any running
-    batch: the staged prompts (their nats fetched) and the device call."""
+    batch, each picking its first token by its own sampling: the staged prompts (their nats
+    fetched) and the device call."""
     if not joining:
         raise ValueError("nothing to prefill")
     started = time.perf_counter()
-    config = engine.config(head, sampling, score)
-    ids_nt, lengths_n, keys_n, limits_n, bucket = _padded(joining, config.max_seq)
-    params, s, n_pad = engine.run.params, sampling, len(ids_nt)
-    args = (params, jnp.asarray(ids_nt), lengths_n, keys_n)
+    per_row = row_picks([j.sampling for j in joining], mixed=False)
+    config = dataclasses.replace(engine.config(head, Sampling(), score), per_row=per_row)
+    ids_nt, lengths_n, keys_n, limits_n, temps_n, topks_n, bucket = _padded(joining, config.max_seq)
+    params, n_pad = engine.run.params, len(ids_nt)
+    args = (params, jnp.asarray(ids_nt), lengths_n, keys_n, temps_n, topks_n)
     fn, compiled = engine.function(
-        ("prefill", head, n_pad, bucket, s.temperature, s.top_k, score),
+        ("prefill", head, n_pad, bucket, per_row, score),
         functools.partial(decode.prefill, config),
         args,
     )
@@ -234,37 +247,35 @@ def prefill(
     else:
         nats = [float(x) for x in jax.device_get(nats_n)[: len(joining)]]
     joined = tuple(Joined(j.tag, len(j.ids), nll) for j, nll in zip(joining, nats, strict=True))
-    staged = Staged(
-        head, tuple(joining), joined, bucket, (caches, first_n, lengths_n, limits_n, keys_n)
-    )
+    arrays = (caches, first_n, lengths_n, limits_n, keys_n, temps_n, topks_n)
+    staged = Staged(head, tuple(joining), joined, bucket, arrays)
     seconds = time.perf_counter() - started - compiled
     return staged, Call(
         "prefill", head, n_pad, 0, seconds, compiled, joined=len(joining), bucket=bucket
     )
 
 
-class RunningBatch:
-    """The running rows of a batch, at one head or several nested heads: the decode carry on
-    the device and, per row, the request it holds (host side). Not thread-safe: one caller
-    drives it."""
+def row_picks(samplings: Sequence[Sampling], *, mixed: bool) -> RowPicks | None:
+    """How a call of rows with these samplings picks: None (each by ``unembed``'s kernels, all
+    greedy at one head) or the per-row pick they need (``decode.RowPicks``)."""
+    if not mixed and all(s.greedy for s in samplings):
+        return None
+    return RowPicks.of(samplings)
 
-    def __init__(
-        self,
-        engine: Engine,
-        head: int,
-        sampling: Sampling | None = None,
-        *,
-        max_rows: int,
-        score: bool = False,
-    ) -> None:
+
+class RunningBatch:
+    """The running rows of a batch, at one head or several nested heads, each with its own
+    sampling: the decode carry on the device and, per row, the request it holds (host side).
+    Not thread-safe: one caller drives it."""
+
+    def __init__(self, engine: Engine, head: int, *, max_rows: int, score: bool = False) -> None:
         if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
             raise ValueError(f"max_rows={max_rows!r} must be a positive integer")
         self.engine = engine
         self.head = head  # the head requests join at unless ``join`` names another
-        self.sampling = sampling or Sampling()
         self.max_rows = max_rows
         self.score = score
-        self.config = engine.config(head, self.sampling, score)
+        self.config = engine.config(head, Sampling(), score)
         self._rows: list[_Row | None] = []
         self._state: decode.Decoding | None = None
         self._keys_b: jax.Array | None = None
@@ -303,6 +314,12 @@ class RunningBatch:
         """Whether it holds requests at several heads (its steps mask each row's prefix)."""
         return len(self.mix) > 1
 
+    @property
+    def picks(self) -> RowPicks | None:
+        """How its decode steps pick (``row_picks`` of the held requests)."""
+        held = [row.sampling for row in self._rows if row is not None]
+        return row_picks(held, mixed=self.mixed)
+
     # ---- the calls ----------------------------------------------------------------------------
 
     def join(
@@ -316,7 +333,7 @@ class RunningBatch:
         if len(joining) > self.room:
             raise ValueError(f"{len(joining)} requests join a batch with room for {self.room}")
         head = self.head if head is None else head
-        staged, first = prefill(self.engine, joining, head, self.sampling, self.score)
+        staged, first = prefill(self.engine, joining, head, self.score)
         joined, finished, calls = self.join_staged(staged, len(joining))
         calls[-1] = dataclasses.replace(
             calls[-1],
@@ -328,10 +345,10 @@ class RunningBatch:
     def join_staged(
         self, staged: Staged, n: int
     ) -> tuple[list[Joined], list[Finished], list[Call]]:
-        """The next ``n`` of ``staged`` (prefilled with this batch's sampling and scoring) into
-        free rows: their prompt tokens and nats, the requests that stopped at their first
-        token, and the device calls made (a regroup first when the bucket is too small, then
-        the join, a regroup into a smaller bucket after it)."""
+        """The next ``n`` of ``staged`` (prefilled with this batch's scoring) into free rows:
+        their prompt tokens and nats, the requests that stopped at their first token, and the
+        device calls made (a regroup first when the bucket is too small, then the join, a
+        regroup into a smaller bucket after it)."""
         if not 0 < n <= staged.left:
             raise ValueError(f"{n} requests join from a stage of {staged.left}")
         if n > self.room:
@@ -349,7 +366,7 @@ class RunningBatch:
         del staged.pending[:n]
         for r, p in zip(free, picks, strict=True):
             j = staged.joining[p]
-            self._rows[r] = _Row(j.tag, len(j.ids), staged.head, len(j.ids) + j.limit)
+            self._rows[r] = _Row(j.tag, len(j.ids), staged.head, j.sampling, len(j.ids) + j.limit)
         finished = self._collect(counts)
         seconds = time.perf_counter() - started - compile_j
         join_call = Call(
@@ -383,7 +400,7 @@ class RunningBatch:
         window = attention_window([r.end for r in self._rows if r is not None], self.config.max_seq)
         args = (self.engine.run.params, self._state, self._keys_b, jnp.int32(max_steps),
                 jnp.int32(stops))  # fmt: skip
-        steps, compiled = self._steps_function(vocab, mixed, window, args)
+        steps, compiled = self._steps_function(vocab, self.picks, window, args)
         self._state = steps(*args)
         before = self._done
         counts = jax.device_get(self._counts())
@@ -419,12 +436,8 @@ class RunningBatch:
         gathered on the device, nothing recomputed. ``mixing.Pricer.merge`` says when."""
         if other is self or other.engine is not self.engine:
             raise ValueError("a batch absorbs another batch of the same engine")
-        if (other.sampling, other.score, other.max_rows) != (
-            self.sampling,
-            self.score,
-            self.max_rows,
-        ):
-            raise ValueError("batches of different sampling, scoring or max_rows cannot merge")
+        if (other.score, other.max_rows) != (self.score, self.max_rows):
+            raise ValueError("batches of different scoring or max_rows cannot merge")
         if self._state is None or other._state is None:
             raise ValueError("an empty batch has nothing to merge")
         if self.live + other.live > self.max_rows:
@@ -461,20 +474,26 @@ class RunningBatch:
         self._shrink()
         return True
 
-    def compile_shapes(self, stages: Sequence[Staged], windows: Sequence[int | None]) -> None:
+    def compile_shapes(
+        self,
+        stages: Sequence[Staged],
+        windows: Sequence[int | None],
+        picks: Sequence[RowPicks | None] = (None,),
+    ) -> None:
         """Compile every call this batch makes at its own head, rows at one head: at each
         bucket of rows up to ``max_rows``, its empty carry, a decode call attending to each of
-        ``windows``, a join from each of ``stages`` (prefilled at its head, one per size of
-        stage) and a regroup into each other bucket. The carry is left empty; nothing joins.
-        Only for a batch that holds no request (its carry is replaced)."""
+        ``windows`` for each of ``picks`` (None: greedy rows), a join from each of ``stages``
+        (prefilled at its head, one per size of stage) and a regroup into each other bucket.
+        The carry is left empty; nothing joins. Only for a batch that holds no request (its
+        carry is replaced)."""
         if self.live:
             raise ValueError(f"compile_shapes replaces the carry: {self.live} requests are held")
         buckets, params = row_buckets(self.max_rows), self.engine.run.params
         for rows in buckets:
             self._start(rows)
-            for window in windows:
+            for window, how in itertools.product(windows, picks):
                 args = (params, self._state, self._keys_b, jnp.int32(1), jnp.int32(1))
-                self._steps_function(self.head, False, window, args)
+                self._steps_function(self.head, how, window, args)
             for staged in stages:
                 slots_n = jnp.full((staged.rows,), rows, jnp.int32)  # none joins
                 self._join_function(staged, (self._state, self._keys_b, *staged.arrays, slots_n))
@@ -485,15 +504,15 @@ class RunningBatch:
         self._state, self._keys_b, self._rows = None, None, []
 
     def _steps_function(
-        self, vocab: int, mixed: bool, window: int | None, args: tuple
+        self, vocab: int, picks: RowPicks | None, window: int | None, args: tuple
     ) -> tuple[Any, float]:
-        """The compiled decode call of this carry at ``vocab`` (``mixed``: each row over its own
-        head) attending to ``window`` positions, and the seconds compiling it took."""
-        s = self.sampling
-        config = self.engine.config(vocab, s, self.score)
-        config = dataclasses.replace(config, mixed=mixed, window=window)
+        """The compiled decode call of this carry at ``vocab`` picking by ``picks`` (None: all
+        greedy by the kernels; else each row its own way over its own head) attending to
+        ``window`` positions, and the seconds compiling it took."""
+        config = self.engine.config(vocab, Sampling(), self.score)
+        config = dataclasses.replace(config, per_row=picks, window=window)
         return self.engine.function(
-            ("steps", vocab, self.rows, s.temperature, s.top_k, mixed, window),
+            ("steps", vocab, self.rows, picks, window),
             functools.partial(decode.decode_some, config),
             args,
             donate=(1,),
@@ -502,7 +521,7 @@ class RunningBatch:
     def _join_function(self, staged: Staged, args: tuple) -> tuple[Any, float]:
         """The compiled join of ``staged``'s rows into this carry (one per carry and stage
         size), and the seconds compiling it took."""
-        config = self.engine.config(staged.head, self.sampling, self.score)
+        config = self.engine.config(staged.head, Sampling(), self.score)
         return self.engine.function(
             ("join", staged.head, self.rows, staged.rows),
             functools.partial(_join_picked, config),
@@ -601,6 +620,8 @@ def _join_picked(
     lengths_n: jax.Array,
     limits_n: jax.Array,
     keys_n: jax.Array,
+    temps_n: jax.Array,
+    topks_n: jax.Array,
     slots_n: jax.Array,
 ) -> tuple[decode.Decoding, jax.Array]:
     """``decode.join`` of a stage's rows into rows ``slots_n`` of the carry: a stage row whose
@@ -608,8 +629,9 @@ def _join_picked(
     carry and stage size, however many of the stage join."""
     real_n = slots_n < keys_b.shape[0]
     return decode.join(
-        config, state, keys_b, caches, first_n, lengths_n, limits_n, real_n, keys_n, slots_n
-    )
+        config, state, keys_b, caches, first_n, lengths_n, limits_n, real_n, keys_n, slots_n,
+        temps_n, topks_n,
+    )  # fmt: skip
 
 
 def _regrouped(

@@ -189,8 +189,11 @@ class Continuous:
         k = len(self.record.batches)
         self.record.route(self.now, load, k)  # the same decision, kept: they join
         start = self.now
-        joining = [Joining(i, self.ids(i, head), self.limit(i), self.key(i)) for i in admitted]
-        staged, first = prefill(self.engine, joining, head, config.sampling, config.score_prompts)
+        joining = [
+            Joining(i, self.ids(i, head), self.limit(i), self.key(i), config.sampling)
+            for i in admitted
+        ]
+        staged, first = prefill(self.engine, joining, head, config.score_prompts)
         bpbs = [self._stage(j, kv, route, k) for j, kv in zip(staged.joined, reserved, strict=True)]
         place, batch, running, finished, calls = self._join(staged, n)
         calls = [first, *calls]
@@ -385,7 +388,6 @@ class Continuous:
             batch = RunningBatch(
                 self.engine,
                 head,
-                self.config.sampling,
                 max_rows=self.config.max_batch,
                 score=self.config.score_prompts,
             )

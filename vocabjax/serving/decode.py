@@ -34,10 +34,13 @@ per row, and a row's token j (0: the prefill's pick) uses ``fold_in(row key, j)`
 reproduces a generation, and a row's tokens depend on its own key alone, never on its row or
 the rows beside it.
 
-Rows at several nested heads can share a step (``DecodeConfig.mixed``, ``head`` the widest):
-each row's head is in the carry (``vocab_b``) and ``pick_masked`` picks over its own prefix
-``W[:vocab_b]`` of ``W[:head]``, which is what the row's own head would pick where that pick is
-``unembed``'s xla path.
+Rows can pick each their own way in one step (``DecodeConfig.per_row``, a ``RowPicks``): each
+row's head, temperature and top k are in the carry (``vocab_b``, ``temp_b``, ``topk_b``), and
+``pick_rows`` picks over the row's own prefix ``W[:vocab_b]`` of ``W[:head]`` (``head`` the
+widest), greedy where its temperature is 0, else sampled at its temperature within its top k.
+That is what the row's own head and setting pick alone where that pick is ``unembed``'s xla
+path. Only whether any row samples and a bucket of the largest top k are static, so a running
+batch serves requests of any temperature and top k with a few compiled steps (``RowPicks.of``).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Iterable
 from typing import Any, Literal, NamedTuple
 
 import jax
@@ -65,6 +69,9 @@ STOP_CODES = {"running": 0, "eos": 1, "max_new_tokens": 2, "max_seq": 3, "nonfin
 STOP_NAMES = {code: name for name, code in STOP_CODES.items()}
 
 
+MIN_TEMPERATURE = 1e-6  # the least temperature above 0 (its inverse is far inside float32)
+
+
 @dataclasses.dataclass(frozen=True)
 class Sampling:
     """How the next token is picked."""
@@ -77,6 +84,10 @@ class Sampling:
         t = self.temperature
         if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t < 0:
             raise UserError(f"temperature={t!r} must be a finite number >= 0 (0: greedy)")
+        if 0 < t < MIN_TEMPERATURE:  # 1 / t would overflow float32 and stop the row as non-finite
+            raise UserError(
+                f"temperature={t!r} is below {MIN_TEMPERATURE:g}: give 0 for greedy picks"
+            )
         if self.top_k is not None:
             k = self.top_k
             if isinstance(k, bool) or not isinstance(k, int) or k < 1:
@@ -89,6 +100,30 @@ class Sampling:
         return self.temperature == 0
 
 
+TOP_K_BUCKET = 4  # per-row top k is compiled for buckets 16, 64, 256, ... (powers of this)
+
+
+class RowPicks(NamedTuple):
+    """What a per-row pick (``pick_rows``) is compiled for: whether any row samples, and a
+    bucket at least every row's top k (0: no row restricts its sample to a top k)."""
+
+    sampled: bool
+    top_k: int
+
+    @classmethod
+    def of(cls, samplings: Iterable[Sampling]) -> RowPicks:
+        """The picks rows of these settings need: sampled if any samples, and the top-k bucket
+        of the largest k (the next of 16, 64, 256, ...)."""
+        samplings = list(samplings)
+        largest = max((s.top_k or 0 for s in samplings), default=0)
+        bucket = 0
+        if largest:
+            bucket = 16
+            while bucket < largest:
+                bucket *= TOP_K_BUCKET
+        return cls(any(not s.greedy for s in samplings), bucket)
+
+
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig:
     """What prefill and the decode loop are specialised to (static under jit)."""
@@ -99,8 +134,10 @@ class DecodeConfig:
     sampling: Sampling = Sampling()  # greedy or sampled; its seed is not read (rng is an argument)
     separator: int | None = None  # the id that stops a row (the stop is not part of its text)
     score: bool = False  # prefill also returns each prompt's nats under the head
-    # rows at several nested heads: each picks over its own prefix W[:vocab_b] of W[:head]
-    mixed: bool = False
+    # None: every row picks by ``sampling`` over W[:head] (unembed's ``auto`` kernels); else
+    # each row by its own head, temperature and top k in the carry (``pick_rows``), which
+    # ``sampling`` then only fills in where a caller gives none
+    per_row: RowPicks | None = None
     # cache positions a decode step attends to (None: all max_seq): the caller's bound on every
     # position its rows reach, so a step reads that much of the cache (``attention_window``)
     window: int | None = None
@@ -122,7 +159,9 @@ class Decoding(NamedTuple):
     pos_b: jax.Array  # where each row's next fed token goes
     limits_b: jax.Array  # most tokens each row may generate
     real_b: jax.Array  # rows that hold a request (the others never run)
-    vocab_b: jax.Array  # each row's head V (a mixed step picks over W[:V] of the row)
+    vocab_b: jax.Array  # each row's head V (a per-row pick is over W[:V] of the row)
+    temp_b: jax.Array  # each row's temperature, float32 (0: greedy; read by a per-row pick)
+    topk_b: jax.Array  # each row's top k (0: the whole head; read by a per-row pick)
     steps: jax.Array  # decode steps run
     produced: jax.Array  # tokens the steps produced for running rows
 
@@ -142,12 +181,20 @@ def pick(
     keys_b: jax.Array,
     j_b: jax.Array,
     vocab_b: jax.Array | None = None,
+    temp_b: jax.Array | None = None,
+    topk_b: jax.Array | None = None,
 ) -> jax.Array:
     """The next token of each row from its hidden state (B, D), the row's token ``j_b`` drawn
-    with ``fold_in(keys_b, j_b)``; -1 where the state is not finite. ``vocab_b``: each row
-    picks over its own prefix ``W[:vocab_b]`` of the head (``pick_masked``)."""
-    if vocab_b is not None:
-        return pick_masked(config, model, h_bd, keys_b, j_b, vocab_b)
+    with ``fold_in(keys_b, j_b)``; -1 where the state is not finite. With ``config.per_row``
+    each row picks by its own head ``vocab_b``, temperature ``temp_b`` and top k ``topk_b``
+    (``pick_rows``; one not given: the head and ``config.sampling``'s for every row)."""
+    if config.per_row is not None:
+        rows = h_bd.shape[0]
+        s = config.sampling
+        vocab_b = jnp.full((rows,), config.head, jnp.int32) if vocab_b is None else vocab_b
+        temp_b = jnp.full((rows,), s.temperature, jnp.float32) if temp_b is None else temp_b
+        topk_b = jnp.full((rows,), s.top_k or 0, jnp.int32) if topk_b is None else topk_b
+        return pick_rows(config, model, h_bd, keys_b, j_b, vocab_b, temp_b, topk_b)
     w_vd = model.head(config.head)
     s = config.sampling
     if s.greedy:
@@ -161,44 +208,68 @@ def pick(
     return jax.vmap(one)(h_bd, keys_b, j_b)
 
 
-def pick_masked(
+def pick_rows(
     config: DecodeConfig,
     model: GPT,
     h_bd: jax.Array,
     keys_b: jax.Array,
     j_b: jax.Array,
     vocab_b: jax.Array,
+    temp_b: jax.Array,
+    topk_b: jax.Array,
 ) -> jax.Array:
-    """``pick`` of rows at several nested heads in one call: the logits over the widest head
-    ``W[:config.head]``, ids at or above a row's ``vocab_b`` masked out, then the argmax, or
-    the Gumbel-max sample (within the top k) with the noise of ``unembed.sample``. This is
-    ``unembed``'s xla path with a per-row vocabulary mask: the same matmul and, on each row's
-    prefix, the same scores, so a row gets the token its own head's xla pick gives it (-1
-    where its prefix's logits hold a NaN)."""
+    """``pick`` of rows that each pick their own way, in one call: the logits over the widest
+    head ``W[:config.head]``, ids at or above a row's ``vocab_b`` masked out, then the argmax
+    where its ``temp_b`` is 0, else the Gumbel-max sample at its temperature (within its
+    ``topk_b`` largest when > 0) with the noise of ``unembed.sample``. This is ``unembed``'s
+    xla path with per-row masks and scales: the same matmul and, on each row's prefix, the same
+    scores, so a row gets the token its own head and setting's xla pick gives it (-1 where its
+    prefix's logits hold a NaN, or its temperature's inverse is not finite). Sampling is
+    compiled only when ``config.per_row.sampled``, the top k for the bucket
+    ``config.per_row.top_k`` (``_sample_row``)."""
+    per_row = config.per_row
+    assert per_row is not None
     w_vd = model.head(config.head)
-    s = config.sampling
     bad_b = ~jnp.all(jnp.isfinite(h_bd.astype(jnp.float32)), axis=-1)
     ids_v = jnp.arange(config.head, dtype=jnp.int32)
-    if s.greedy:
-        logits_bv = tile_logits(h_bd, w_vd)
-        logits_bv = jnp.where(ids_v[None, :] < vocab_b[:, None], logits_bv, -jnp.inf)
-        best_b, tokens_b = max_argmax(logits_bv)
-        return jnp.where(bad_b | jnp.isnan(best_b), jnp.int32(-1), tokens_b)
-    inv_t = 1.0 / jnp.asarray(float(s.temperature), jnp.float32)
-    row = jnp.zeros((), jnp.int32)  # ``pick`` samples each row alone, as row 0 of its call
-
-    def one(h_d, key, j, vocab):
-        seeds = noise.seeds_from_key(jax.random.fold_in(key, j))
-        logits_v = jnp.where(ids_v < vocab, tile_logits(h_d[None], w_vd)[0], -jnp.inf)
-        if s.top_k is None:
-            best, token = max_argmax(logits_v * inv_t + noise.gumbel(seeds, row, ids_v))
-            return jnp.where(jnp.isnan(best), jnp.int32(-1), token)
-        vals_k, ids_k = lax.top_k(logits_v, s.top_k)
-        best = jnp.argmax(vals_k * inv_t + noise.gumbel(seeds, row, ids_k))
-        return jnp.where(jnp.isnan(logits_v).any(), jnp.int32(-1), ids_k[best].astype(jnp.int32))
-
-    tokens_b = jax.vmap(one)(h_bd, keys_b, j_b, vocab_b)
+    logits_bv = tile_logits(h_bd, w_vd)
+    logits_bv = jnp.where(ids_v[None, :] < vocab_b[:, None], logits_bv, -jnp.inf)
+    best_b, tokens_b = max_argmax(logits_bv)
+    tokens_b = jnp.where(jnp.isnan(best_b), jnp.int32(-1), tokens_b)
+    if per_row.sampled:
+        sampled_b = jax.vmap(functools.partial(_sample_row, min(per_row.top_k, config.head)))(
+            logits_bv, keys_b, j_b, temp_b, topk_b
+        )
+        tokens_b = jnp.where(temp_b > 0, sampled_b, tokens_b)
     return jnp.where(bad_b, jnp.int32(-1), tokens_b)
+
+
+def _sample_row(
+    bucket: int, logits_v: jax.Array, key: jax.Array, j: jax.Array, temp: jax.Array, k: jax.Array
+) -> jax.Array:
+    """One row's Gumbel-max sample of its (masked) logits at temperature ``temp``, within its
+    ``k`` largest when k > 0; -1 where the logits hold a NaN or 1 / temp is not finite. The
+    noise is ``unembed.sample``'s for the row alone (row 0 of its call), so the token does not
+    depend on the row's place.
+
+    The top k are the ids ``lax.top_k`` of the ``bucket`` (>= k) largest ranks first (ties by
+    lower id): those above the k-th largest logit and those equal to it up to its id. The
+    others are masked out and one Gumbel-max runs over the whole head for every row, so rows
+    with a top k and rows without share one pass."""
+    seeds = noise.seeds_from_key(jax.random.fold_in(key, j))
+    inv_t = 1.0 / jnp.where(temp > 0, temp, jnp.float32(1)).astype(jnp.float32)
+    ids_v = jnp.arange(logits_v.shape[0], dtype=jnp.int32)
+    nan = jnp.zeros((), bool)
+    if bucket:
+        vals_k, ids_k = lax.top_k(logits_v, bucket)
+        last = jnp.clip(k - 1, 0, bucket - 1)
+        kth, kth_id = vals_k[last], ids_k[last]
+        keep = (logits_v > kth) | ((logits_v == kth) & (ids_v <= kth_id)) | (k <= 0)
+        nan = (k > 0) & jnp.isnan(logits_v).any()
+        logits_v = jnp.where(keep, logits_v, -jnp.inf)
+    best, token = max_argmax(logits_v * inv_t + noise.gumbel(seeds, jnp.int32(0), ids_v))
+    bad = jnp.isnan(best) | nan | ~jnp.isfinite(inv_t)
+    return jnp.where(bad, jnp.int32(-1), token)
 
 
 def prompt_nats(
@@ -215,17 +286,25 @@ def prompt_nats(
 
 
 def prefill(
-    config: DecodeConfig, params, ids_bt: jax.Array, lengths_b: jax.Array, rng: jax.Array
+    config: DecodeConfig,
+    params,
+    ids_bt: jax.Array,
+    lengths_b: jax.Array,
+    rng: jax.Array,
+    temp_b: jax.Array | None = None,
+    topk_b: jax.Array | None = None,
 ) -> tuple[Any, jax.Array, jax.Array | None]:
     """(caches, each row's first token, each prompt's nats or None) of right-padded prompts
-    ``ids_bt`` whose real lengths are ``lengths_b``; ``rng`` is one key or one per row."""
+    ``ids_bt`` whose real lengths are ``lengths_b``; ``rng`` is one key or one per row;
+    ``temp_b``, ``topk_b``: each row's sampling, read with ``config.per_row``."""
     model = config.fn.model(params)
     rows = ids_bt.shape[0]
     caches = model.init_cache(rows, config.max_seq)
     h_btd, caches = model.cached(ids_bt, caches, jnp.zeros((rows,), jnp.int32), fresh=True)
     h_bd = jnp.take_along_axis(h_btd, (lengths_b - 1)[:, None, None], axis=1)[:, 0]
     nats_b = prompt_nats(config, model, h_btd, ids_bt, lengths_b) if config.score else None
-    first_b = pick(config, model, h_bd, row_keys(rng, rows), jnp.zeros((rows,), jnp.int32))
+    keys_b, zeros_b = row_keys(rng, rows), jnp.zeros((rows,), jnp.int32)
+    first_b = pick(config, model, h_bd, keys_b, zeros_b, None, temp_b, topk_b)
     return caches, first_b, nats_b
 
 
@@ -262,10 +341,18 @@ def start(
     start_b: jax.Array,
     limits_b: jax.Array,
     real_b: jax.Array,
+    temp_b: jax.Array | None = None,
+    topk_b: jax.Array | None = None,
 ) -> Decoding:
     """The carry after a prefill: ``first_b`` taken for the real rows, whose next token goes at
-    ``start_b`` (their prompt lengths)."""
+    ``start_b`` (their prompt lengths); each row's temperature and top k ``temp_b``, ``topk_b``
+    (by default ``config.sampling``'s)."""
     zeros_b = jnp.zeros(first_b.shape, jnp.int32)
+    s = config.sampling
+    if temp_b is None:
+        temp_b = jnp.full(first_b.shape, s.temperature, jnp.float32)
+    if topk_b is None:
+        topk_b = jnp.full(first_b.shape, s.top_k or 0, jnp.int32)
     state = Decoding(
         caches=caches,
         out_bs=jnp.zeros((first_b.shape[0], config.max_seq), jnp.int32),
@@ -276,6 +363,8 @@ def start(
         limits_b=limits_b,
         real_b=real_b,
         vocab_b=jnp.full(first_b.shape, config.head, jnp.int32),
+        temp_b=jnp.asarray(temp_b, jnp.float32),
+        topk_b=jnp.asarray(topk_b, jnp.int32),
         steps=jnp.int32(0),
         produced=jnp.int32(0),
     )
@@ -290,8 +379,10 @@ def step(config: DecodeConfig, params, state: Decoding, rng: jax.Array) -> Decod
     rows = run_b.shape[0]
     pos_b = jnp.minimum(state.pos_b, config.max_seq - 1)  # finished rows write harmlessly
     h_b1d, caches = model.cached(state.last_b[:, None], state.caches, pos_b, window=config.window)
-    vocab_b = state.vocab_b if config.mixed else None
-    tokens_b = pick(config, model, h_b1d[:, 0], row_keys(rng, rows), state.n_b, vocab_b)
+    tokens_b = pick(
+        config, model, h_b1d[:, 0], row_keys(rng, rows), state.n_b, state.vocab_b, state.temp_b,
+        state.topk_b,
+    )  # fmt: skip
     state = state._replace(
         caches=caches,
         pos_b=state.pos_b + run_b.astype(jnp.int32),
@@ -348,6 +439,7 @@ def decode_some(
 # The carry's fields with a leading row axis (``steps`` and ``produced`` are the batch's).
 ROW_FIELDS = (
     "caches", "out_bs", "n_b", "stop_b", "last_b", "pos_b", "limits_b", "real_b", "vocab_b",
+    "temp_b", "topk_b",
 )  # fmt: skip
 
 
@@ -393,9 +485,12 @@ def join(
     real_n: jax.Array,
     keys_n: jax.Array,
     slots_n: jax.Array,
+    temp_n: jax.Array | None = None,
+    topk_n: jax.Array | None = None,
 ) -> tuple[Decoding, jax.Array]:
     """Prefilled prompts (``caches``, ``first_n`` of their own ``prefill``) into rows
-    ``slots_n`` of a running carry and its row keys: each starts as ``start`` starts it, the
-    other rows untouched; padding prompts carry a slot past the last row and are dropped."""
-    new = start(config, caches, first_n, lengths_n, limits_n, real_n)
+    ``slots_n`` of a running carry and its row keys: each starts as ``start`` starts it (with
+    its temperature and top k ``temp_n``, ``topk_n``), the other rows untouched; padding
+    prompts carry a slot past the last row and are dropped."""
+    new = start(config, caches, first_n, lengths_n, limits_n, real_n, temp_n, topk_n)
     return put_rows(state, new, slots_n), keys_b.at[slots_n].set(keys_n, mode="drop")

@@ -12,13 +12,13 @@ submitted requests into the queue and the cancelled ones out, admits waiting req
 first served into running batches, at the head the router picks for B = running plus waiting
 (at most ``max_batch``, shifted by the quality controller's offset, which each joined prompt's
 bits per byte moves) or the head a request asks for, within the KV plan's memory
-(``admission.admit_count``; a running batch per head and sampling setting, since a batch is
-compiled for one temperature and top-k), and then runs every running batch for at most
+(``admission.admit_count``; a running batch per head, whose rows each sample their own way:
+greedy, or at their own temperature and top k), and then runs every running batch for at most
 ``steps_per_call`` decode steps (fewer when a request stops), so new requests join within a
 few steps. When more requests wait than rows are free, a batch's prefill also takes up to
-``ServeConfig.prefill_ahead`` waiting requests of its head, sampling setting and padded prompt
-length in all, within the KV plan; those without a row are staged and join, first come first
-served, as rows free, ahead of any new prefill (``staging.py``, as on the virtual clock).
+``ServeConfig.prefill_ahead`` waiting requests of its head and padded prompt length in all,
+within the KV plan; those without a row are staged and join, first come first served, as rows
+free, ahead of any new prefill (``staging.py``, as on the virtual clock).
 Streaming requests get the text their new tokens add after each call. A request's tokens are
 those ``Engine.generate`` gives its prompt alone with its seed.
 
@@ -54,6 +54,7 @@ from vocabjax.serving.batching import (
     Staged,
     prefill,
     prefill_rows,
+    row_picks,
     solo_key,
 )
 from vocabjax.serving.cadence import Cadence
@@ -138,9 +139,6 @@ class Ticket:
                 return event
 
 
-Key = tuple[int, float, int | None]  # a running batch's (head, temperature, top_k)
-
-
 @dataclasses.dataclass(frozen=True)
 class _Admitted:
     """A waiting request taken into a prefill."""
@@ -156,7 +154,7 @@ class _Held:
     """A request in a running batch, or staged for one."""
 
     ticket: Ticket
-    batch: Key  # its running batch
+    head: int  # its running batch's
     kv_bytes: int
     prompt_tokens: int
     offset: int | None  # the controller's offset it was routed at (None: a fixed head)
@@ -218,7 +216,7 @@ class LiveServer:
         self._cancels: set[int] = set()
         self._waiting: collections.deque[Ticket] = collections.deque()
         self._prompt_ids: dict[tuple[int, int], np.ndarray] = {}  # (ticket, head) -> its ids
-        self._batches: dict[Key, RunningBatch] = {}
+        self._batches: dict[int, RunningBatch] = {}  # by head
         self._held: dict[int, _Held] = {}  # requests in rows
         self._staged: dict[int, _Held] = {}  # requests prefilled ahead, without a row yet
         self._stages = Stages()  # their prefills, in order
@@ -274,30 +272,33 @@ class LiveServer:
                     "budget: ask for fewer tokens"
                 )
 
-    def compile_shapes(self) -> tuple[int, float]:
+    def compile_shapes(self, *, sampled: bool = False) -> tuple[int, float]:
         """Compile, before any traffic, every device call the loop can make for greedy requests
-        (the default sampling), so that none waits for the compiler: at each head, a prefill of
-        each power of two of rows up to the most one admission takes and of each padded prompt
-        length, then a running batch's calls (``RunningBatch.compile_shapes``: its empty
-        carries, decode calls at every attention window, joins from each size of stage and
-        regroups). A sampled request's setting compiles its own when first met. The shapes
-        compiled and the seconds it took."""
+        (and with ``sampled``, for requests sampled at any temperature without a top k), so
+        that none waits for the compiler: at each head, a prefill of each power of two of rows
+        up to the most one admission takes and of each padded prompt length, then a running
+        batch's calls (``RunningBatch.compile_shapes``: its empty carries, decode calls at every
+        attention window, joins from each size of stage and regroups). A top k's bucket
+        (``decode.RowPicks``) compiles its own when first met. The shapes compiled and the
+        seconds it took."""
         engine, config = self.engine, self.config
         max_seq, before, started = engine.run.max_seq, engine.shapes, time.perf_counter()
         most = max(config.max_batch, config.prefill_ahead)  # prompts one admission prefills
         stage_rows = sorted({prefill_rows(n) for n in range(1, most + 1)})
         buckets = sorted({bucket_length(n, max_seq) for n in range(1, max_seq + 1)})
         windows = list(dict.fromkeys(attention_window([e], max_seq) for e in range(1, max_seq + 1)))
+        settings = [Sampling(), Sampling(1.0)] if sampled else [Sampling()]
+        picks = [row_picks([s], mixed=False) for s in settings]
         for head in self.heads:
             at = time.perf_counter()
             stages = {}
-            for rows, bucket in itertools.product(stage_rows, buckets):
+            for rows, bucket, s in itertools.product(stage_rows, buckets, settings):
                 joining = [
-                    Joining(i, np.zeros(bucket, np.int32), 1, solo_key(0)) for i in range(rows)
+                    Joining(i, np.zeros(bucket, np.int32), 1, solo_key(0), s) for i in range(rows)
                 ]
-                stages[rows], _ = prefill(engine, joining, head, Sampling(), score=True)
-            batch = RunningBatch(engine, head, Sampling(), max_rows=config.max_batch, score=True)
-            batch.compile_shapes(list(stages.values()), windows)
+                stages[rows], _ = prefill(engine, joining, head, score=True)
+            batch = RunningBatch(engine, head, max_rows=config.max_batch, score=True)
+            batch.compile_shapes(list(stages.values()), windows, picks)
             self.log(
                 f"  warm-up, head {head}: {engine.shapes - before} shapes so far, "
                 f"{time.perf_counter() - at:.1f} s"
@@ -417,7 +418,7 @@ class LiveServer:
                 self._end(staged.ticket, _outcome(staged.ticket, "", (), "cancelled"), None)
             held = self._held.pop(number, None)
             if held is not None:
-                self._batches[held.batch].cancel(number)
+                self._batches[held.head].cancel(number)
                 outcome = _outcome(held.ticket, "", (), "cancelled")
                 self._end(held.ticket, outcome, None)
 
@@ -428,7 +429,7 @@ class LiveServer:
         self._stages.join(lambda s: self.config.max_batch - self._running_at(s.head), self._join)
         if self._stages:
             return
-        groups: dict[Key, list[_Admitted]] = collections.defaultdict(list)
+        groups: dict[int, list[_Admitted]] = collections.defaultdict(list)
         running = {v: self._running_at(v) for v in self.heads}
         held_bytes = self._reserved()
         wait: Wait | None = None  # why the first request left waiting waits, and at which head
@@ -461,21 +462,20 @@ class LiveServer:
                 blocked = head
                 break
             self._waiting.popleft()
-            s = request.sampling
-            groups[(head, s.temperature, s.top_k)].append(_Admitted(ticket, ids, need, offset))
+            groups[head].append(_Admitted(ticket, ids, need, offset))
             running[head] += 1
             held_bytes += need
-        for key, group in groups.items():
+        for head, group in groups.items():
             # a batch prefills ahead when rows at its own head hold the next request back
-            here = wait if key[0] == blocked else None
-            picks = self._ahead(key, group, here, load, held_bytes, running[key[0]])
+            here = wait if head == blocked else None
+            picks = self._ahead(head, group, here, load, held_bytes, running[head])
             held_bytes += sum(a.need for a in picks)
-            running[key[0]] += len(picks)  # a staged cache counts against b_max
-            self._prefill(key, group, picks)
+            running[head] += len(picks)  # a staged cache counts against b_max
+            self._prefill(head, group, picks)
 
     def _ahead(
         self,
-        key: Key,
+        head: int,
         group: Sequence[_Admitted],
         wait: Wait | None,
         load: int,
@@ -483,17 +483,17 @@ class LiveServer:
         running: int,
     ) -> list[_Admitted]:
         """The waiting requests that ``group``'s prefill also takes and stages, out of the
-        queue (``staging.ahead``: those routed at ``load`` to its head and of its sampling
-        setting and padded prompt length, up to ``prefill_ahead`` in all, within the KV budget
-        and b_max beside ``held`` bytes and ``running`` requests at its head)."""
+        queue (``staging.ahead``: those routed at ``load`` to its head and of its padded
+        prompt length, up to ``prefill_ahead`` in all, within the KV budget and b_max beside
+        ``held`` bytes and ``running`` requests at its head)."""
         if not may_stage(wait, self.config.prefill_ahead, len(group)):
             return []  # the queue need not be read
-        head, max_seq = key[0], self.engine.run.max_seq
+        max_seq = self.engine.run.max_seq
         same: list[_Admitted] = []
         for ticket in self._waiting:
-            request, s = ticket.request, ticket.request.sampling
+            request = ticket.request
             at, offset = self._head(request, load)
-            if (at, s.temperature, s.top_k) == key:
+            if at == head:
                 ids = self._ids(ticket, head)
                 need = self.plan.sequence_bytes(len(ids), request.max_tokens)
                 same.append(_Admitted(ticket, ids, need, offset))
@@ -513,22 +513,22 @@ class LiveServer:
         self._waiting = collections.deque(t for t in self._waiting if t.number not in taken)
         return [same[p] for p in picks]
 
-    def _prefill(self, key: Key, group: Sequence[_Admitted], picks: Sequence[_Admitted]) -> None:
-        """One prefill of ``group`` and ``picks`` at ``key``'s head: ``group`` joins its running
+    def _prefill(self, head: int, group: Sequence[_Admitted], picks: Sequence[_Admitted]) -> None:
+        """One prefill of ``group`` and ``picks`` at ``head``: ``group`` joins its running
         batch, ``picks`` are staged until rows free. Every prompt's bits per byte goes to the
         quality controller now."""
-        batch = self._batch(key)
+        batch = self._batch(head)
         admitted = [*group, *picks]
-        joining = [
-            Joining(a.ticket.number, a.ids, a.ticket.request.max_tokens,
-                    solo_key(a.ticket.request.sampling.seed))
-            for a in admitted
-        ]  # fmt: skip
+        joining = []
+        for a in admitted:
+            request = a.ticket.request
+            key, number = solo_key(request.sampling.seed), a.ticket.number
+            joining.append(Joining(number, a.ids, request.max_tokens, key, request.sampling))
         started = time.perf_counter()
-        staged, call = prefill(self.engine, joining, key[0], batch.sampling, batch.score)
+        staged, call = prefill(self.engine, joining, head, batch.score)
         self._compiled([call])
         for a, j in zip(admitted, staged.joined, strict=True):
-            held = _Held(a.ticket, key, a.need, len(a.ids), a.offset, started)
+            held = _Held(a.ticket, head, a.need, len(a.ids), a.offset, started)
             self._staged[a.ticket.number] = held
             self._observe(held, j.prompt_nats)
         self._join(staged, len(group), started)
@@ -537,9 +537,9 @@ class LiveServer:
     def _join(self, staged: Staged, m: int, started: float | None = None) -> None:
         """The next ``m`` of ``staged`` join rows of their running batch, joined ``started``
         (by default now: the join call gives them their rows)."""
-        key = self._staged[staged.waiting[0].tag].batch
+        head = self._staged[staged.waiting[0].tag].head
         joined_at = time.perf_counter() if started is None else started
-        joined, finished, calls = self._batch(key).join_staged(staged, m)
+        joined, finished, calls = self._batch(head).join_staged(staged, m)
         self._compiled(calls)
         for j in joined:
             self._held[j.tag] = dataclasses.replace(self._staged.pop(j.tag), joined=joined_at)
@@ -577,7 +577,7 @@ class LiveServer:
             self.log(f"  quality controller: {move.reason}")
 
     def _advance(self) -> None:
-        for key, batch in list(self._batches.items()):
+        for head, batch in list(self._batches.items()):
             if not batch.live:
                 continue
             stops = 1
@@ -587,7 +587,7 @@ class LiveServer:
             self._compiled(calls)
             self._finished(finished)
             streaming = [
-                h for h in self._held.values() if h.batch == key and h.ticket.request.stream
+                h for h in self._held.values() if h.head == head and h.ticket.request.stream
             ]
             if streaming:
                 tokens = batch.partial()
@@ -605,7 +605,7 @@ class LiveServer:
                 self.log(f"  {c.compiled_line()} (its requests waited for it)")
 
     def _stream(self, held: _Held, tokens: Sequence[int]) -> None:
-        text = self._text(held.batch[0], tokens)
+        text = self._text(held.head, tokens)
         if text.endswith("\ufffd"):  # a character cut between tokens: wait for the rest
             text = text.rstrip("\ufffd")
         if len(text) > len(held.sent) and text.startswith(held.sent):
@@ -619,7 +619,7 @@ class LiveServer:
     def _finish(self, held: _Held, f: Finished) -> None:
         """A held request ends: its last text, its outcome, its counts and its memory back."""
         self._held.pop(held.ticket.number, None)
-        head = held.batch[0]
+        head = held.head
         text = self._text(head, f.tokens)
         if held.ticket.request.stream and len(text) > len(held.sent):
             held.ticket.post(Delta(text[len(held.sent) :]))
@@ -676,7 +676,8 @@ class LiveServer:
 
     def _running_at(self, head: int) -> int:
         """The requests in rows at ``head``, in every running batch."""
-        return sum(b.live for (v, *_), b in self._batches.items() if v == head)
+        batch = self._batches.get(head)
+        return 0 if batch is None else batch.live
 
     def _reserved(self) -> int:
         """The KV cache every running or staged request reserves."""
@@ -690,17 +691,12 @@ class LiveServer:
             )[0]
         return self._prompt_ids[(ticket.number, head)]
 
-    def _batch(self, key: Key) -> RunningBatch:
-        if key not in self._batches:
-            head, temperature, top_k = key
-            self._batches[key] = RunningBatch(
-                self.engine,
-                head,
-                Sampling(temperature, top_k),
-                max_rows=self.config.max_batch,
-                score=True,
+    def _batch(self, head: int) -> RunningBatch:
+        if head not in self._batches:
+            self._batches[head] = RunningBatch(
+                self.engine, head, max_rows=self.config.max_batch, score=True
             )
-        return self._batches[key]
+        return self._batches[head]
 
     def _text(self, head: int, tokens: Sequence[int]) -> str:
         return self.engine.run.level(head).tokenizer.decode(list(tokens), skip_special_tokens=False)
