@@ -8,8 +8,14 @@ from __future__ import annotations
 
 import functools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+
+# GPT-2's d_model on a GPU; on CPU the kernels are interpreted, at a cost in proportion to
+# B * V * D, so 128 there (still two d tiles of 64; the ragged vocabulary and row tiles that
+# GPT-2's odd V = 50,257 makes do not depend on D).
+D_GPT2 = 128 if jax.default_backend() == "cpu" else 768
 
 
 @functools.lru_cache(maxsize=8)

@@ -189,6 +189,9 @@ def test_bad_requests_get_one_clear_400_and_a_client_that_leaves_is_cleaned_up(e
             json={"prompt": "x", "model": "123"}
         )
         assert "top_k applies to sampling" in error(json={"prompt": "x", "top_k": 3})
+        assert "temperature=1e-09 is below 1e-06: give 0" in error(
+            json={"prompt": "x", "temperature": 1e-9}
+        )
         assert "prompt: Input should be a valid string" in error(json={"prompt": ["a", "b"]})
 
         async def leave_while_another_stays():
@@ -370,3 +373,36 @@ def test_after_compile_shapes_live_traffic_compiles_nothing(served_run_dir):
     assert engine.shapes == shapes
     assert live.metrics()["compiled"] == {"shapes": shapes, "while_waiting": 0,
                                           "while_waiting_s": 0.0}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_requests_staged_at_one_head_do_not_hold_back_another_head(engine):
+    """Four requests at head 500 with one row: one runs and three are staged. A request at
+    head 300 behind them in the queue is prefilled and runs at the next turn, while requests are
+    still staged at 500 (it used to wait until all of them had joined), and gets its solo
+    tokens."""
+    limit = 6
+    per_position = engine.run.config.shape.kv_elements_per_token * 4  # float32 cache
+    weights = sum(x.size * x.dtype.itemsize for x in engine.run.params.values())
+    sequence = (7 + limit - 1) * per_position
+    config = ServeConfig(max_batch=1, memory_bytes=weights + 8 * sequence + per_position)
+    plan = memory_plan(engine.run, [Request("r", 0.0, SEVEN[0], limit)], config, lambda _: None)
+    live = Watched(engine, [(None, HEAD)], config, plan, steps_per_call=1)
+    tickets = [live.submit(LiveRequest(p, limit, head=HEAD)) for p in SEVEN[:4]]
+    other = live.submit(LiveRequest(SEVEN[4], limit, head=300))
+    live.start()
+    try:
+        assert live.drain(timeout=120)
+    finally:
+        live.stop()
+
+    def running(m: dict) -> dict[int, int]:
+        return {row["head"]: row["running"] for row in m["by_head"]}
+
+    first, second = live.seen[:2]
+    assert first["staged"] == 3 and running(first) == {HEAD: 1, 300: 0}  # 300 waits its turn
+    assert second["staged"] >= 2 and running(second) == {HEAD: 1, 300: 1}  # and runs at once
+    outcome = other.result(timeout=0)
+    want = engine.generate([SEVEN[4]], head=300, max_new_tokens=limit)
+    assert outcome.head == 300 and outcome.tokens == want.completions[0].tokens
+    assert all(t.result(timeout=0).stop in ("eos", "max_new_tokens") for t in tickets)

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from pallas_testing import assert_close, logits64, lse64, random_hw
+from pallas_testing import D_GPT2, assert_close, logits64, lse64, random_hw
 
 from pallas_kernels.linear_ce import (
     CEBlocks,
@@ -28,10 +28,7 @@ GRAD_TOL = {jnp.float32: (1e-5, 1e-5), jnp.bfloat16: (2.0**-8, 2.0**-8)}
 # (N, V, D), dtype: GPT-2's odd vocabulary (50,257) at N = 3 (bf16) and 513 (f32), a small ragged
 # shape in both dtypes, and a vocabulary the tiles divide (unmasked loads of W), with d_model
 # divided too (f32) or ragged (bf16).
-# On CPU the kernels are interpreted, at a cost in proportion to N * V * D, so D is 128 there
-# (still two d tiles of 64; the ragged row and vocabulary tiles do not depend on D); a GPU run
-# takes GPT-2's 768.
-D_GPT2 = 128 if jax.default_backend() == "cpu" else 768
+# On CPU D is 128 (``pallas_testing.D_GPT2``: the kernels are interpreted there).
 CASES = [
     ((3, 50257, D_GPT2), jnp.bfloat16),
     pytest.param((513, 50257, D_GPT2), jnp.float32, marks=pytest.mark.slow),  # ragged rows

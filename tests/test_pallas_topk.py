@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from pallas_testing import assert_close, logits64, random_hw, tied_w
+from pallas_testing import D_GPT2, assert_close, logits64, random_hw, tied_w
 
 from pallas_kernels.fused_topk import TopKBlocks, _topk_partials, fused_topk, fused_topk_reference
 
@@ -13,8 +13,8 @@ TOL = {jnp.float32: (1e-5, 1e-5), jnp.bfloat16: (1e-4, 1e-4)}
 GAP = 1e-3  # neighbours closer than this may swap in float32; there only values are checked
 
 CASES = [
-    ((3, 50257, 768, 50), jnp.float32),
-    ((3, 50257, 768, 50), jnp.bfloat16),
+    ((3, 50257, D_GPT2, 50), jnp.float32),
+    ((3, 50257, D_GPT2, 50), jnp.bfloat16),
     ((37, 1000, 100, 7), jnp.float32),
     ((5, 1000, 100, 1), jnp.bfloat16),
     ((4, 20, 24, 20), jnp.float32),  # k = V: every tile runs out of tokens

@@ -1,8 +1,10 @@
 """vocabjax.unembed against float64 numpy ground truth, for every implementation.
 
-Shapes: GPT-2's odd V = 50,257 (a multiple of no block size), B in 1, 3, 513, and D = 128.
-GPT-2's D = 768 would only scale the work: every tile, ragged edge and padded row these tests
-reach depends on V, B and the tiles, and 128 still spans two d tiles where a kernel tiles D.
+Shapes: an odd V = 20,011 (a prime: a multiple of no block size, ragged in every tiling, two to
+21 vocabulary tiles), B in 1, 3, 513, and D = 128. GPT-2's V = 50,257 and D = 768 would only
+scale the work: every tile, ragged edge and padded row these tests reach depends on V, B and the
+tiles, and 128 still spans two d tiles where a kernel tiles D. (The kernels' own tests run
+V = 50,257.)
 Inputs are fresh draws from an explicit seed; the reference is computed in float64 from the very
 inputs the op sees (bf16 inputs are exact in f32 and f64). One tolerance table, by the dtype of
 the compared output; it is never loosened to make a test pass.
@@ -26,7 +28,7 @@ from vocabjax import unembed
 from vocabjax.errors import UserError
 from vocabjax.hardware import DeviceProfile, KernelTiming
 
-V, D = 50_257, 128
+V, D = 20_011, 128
 DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
 
 # dtype of the compared output -> (atol, rtol); atol is a fraction of the largest |reference|
@@ -514,7 +516,7 @@ class TestPallas(Base):
     IMPL = "pallas"
     INTERPRET = ON_CPU
     # Interpreting costs per grid step, so CPU runs wide vocabulary tiles (still ragged at
-    # V = 50,257) and two d tiles; a GPU run uses each kernel's default tiles.
+    # V = 20,011) and two d tiles; a GPU run uses each kernel's default tiles.
     BLOCKS = ({"block_v": 4096, "block_d": 64, "block_b": 64},) if ON_CPU else (None,)
     GRAD_BLOCKS = BLOCKS
 
@@ -535,14 +537,14 @@ def test_bad_input_is_a_clear_error():
     h, w, _ = data("f32", 3)
     with pytest.raises(UserError, match=rf"h has d_model={D - 1} but w has d_model={D}"):
         unembed.greedy(h[:, :-1], w)
-    with pytest.raises(UserError, match=r"k=50258 must be between 1 and V=50257"):
+    with pytest.raises(UserError, match=rf"k={V + 1} must be between 1 and V={V}"):
         unembed.top_k(h, w, V + 1)
-    with pytest.raises(UserError, match=r"k=0 must be between 1 and V=50257"):
+    with pytest.raises(UserError, match=rf"k=0 must be between 1 and V={V}"):
         unembed.top_k(h, w, 0)
     for t in (0.0, -1.0, float("nan")):
         with pytest.raises(UserError, match=r"temperature=.* must be finite and > 0"):
             unembed.sample(h, w, jax.random.key(0), t)
-    with pytest.raises(UserError, match=r"label 50257 is outside \[0, V=50257\)"):
+    with pytest.raises(UserError, match=rf"label {V} is outside \[0, V={V}\)"):
         unembed.linear_cross_entropy(h, w, jnp.asarray([1, V, 2]))
     with pytest.raises(UserError, match=r"label -5 is outside"):
         unembed.linear_cross_entropy(h, w, jnp.asarray([1, -5, 2]), impl="chunked")

@@ -241,7 +241,7 @@ def test_parsers_fuzz(size, bounds, size_list, floats, workload):
 
 
 @pytest.mark.slow
-@settings(max_examples=2000)
+@settings(max_examples=800)
 @given(**_fuzz_args)
 def test_parsers_fuzz_more(size, bounds, size_list, floats, workload):
     _fuzz(size, bounds, size_list, floats, workload)

@@ -599,7 +599,7 @@ def test_fuzz_a_user_error_or_a_valid_object(fuzz_dir, kind, data):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(FUZZ))
-@settings(max_examples=500)
+@settings(max_examples=200)
 @given(data=st.data())
 def test_fuzz_more_examples(fuzz_dir, kind, data):
     _fuzz_once(kind, data, fuzz_dir)

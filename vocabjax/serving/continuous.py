@@ -18,7 +18,8 @@ Each round, at the clock's ``now``:
    ``ServeConfig.prefill_ahead`` of them are prefilled in that one call (within the KV budget
    and b_max: a staged cache is held memory) and the ones without a row are staged
    (``staging.py``, shared with the live server): they join, first come first served, as rows
-   free, ahead of any new prefill, so prefills run at many rows instead of the one or two a
+   free at their head, ahead of any new prefill there (the waiting requests routed to another
+   head are prefilled meanwhile), so prefills run at many rows instead of the one or two a
    stop frees. A request that waits for memory is logged once and counted;
 3. decoding: every group with running requests runs ``RunningBatch.advance(k)`` (its on-device
    loop), which ends early when a request stops. k runs to the step at which a request stops
@@ -144,10 +145,11 @@ class Continuous:
                 self.decode()
 
     def admit(self) -> None:
-        """Staged requests join as rows free; once none is staged, the waiting requests that
-        fit are prefilled at the routed head, those with a row joining its running batch."""
+        """Staged requests join as rows free; then the waiting requests that fit are prefilled
+        at the routed head unless requests are staged there, those with a row joining its
+        running batch."""
         self._join_stages()
-        if not self.stages and self.waiting:
+        if self.waiting:
             self._prefill()
 
     def _join_stages(self) -> None:
@@ -168,6 +170,8 @@ class Continuous:
         load = min(len(self.held) + len(self.waiting), config.max_batch)
         route = route_batch(self.heads, self.routes, batch=load, offset=self.record.offset)
         head = route.head
+        if head in self.stages.heads:  # its staged requests join first
+            return
         need = [plan.sequence_bytes(len(self.ids(i, head)), self.limit(i)) for i in self.waiting]
         n, wait = admit_count(
             need,

@@ -18,7 +18,8 @@ greedy, or at their own temperature and top k), and then runs every running batc
 few steps. When more requests wait than rows are free, a batch's prefill also takes up to
 ``ServeConfig.prefill_ahead`` waiting requests of its head and padded prompt length in all,
 within the KV plan; those without a row are staged and join, first come first served, as rows
-free, ahead of any new prefill (``staging.py``, as on the virtual clock).
+free at their head, ahead of any new prefill there (``staging.py``, as on the virtual clock;
+a request routed to another head is prefilled meanwhile).
 Streaming requests get the text their new tokens add after each call. A request's tokens are
 those ``Engine.generate`` gives its prompt alone with its seed.
 
@@ -423,12 +424,12 @@ class LiveServer:
                 self._end(held.ticket, outcome, None)
 
     def _admit(self) -> None:
-        """Staged requests join rows as rows free; once none is staged, waiting requests join
-        running batches, first come first served, while they fit, each batch's prefill taking
-        more waiting requests ahead when rows hold the next one back (``_ahead``)."""
+        """Staged requests join rows as rows free; then waiting requests join running batches,
+        first come first served, while they fit and their head has none staged, each batch's
+        prefill taking more waiting requests ahead when rows hold the next one back
+        (``_ahead``)."""
         self._stages.join(lambda s: self.config.max_batch - self._running_at(s.head), self._join)
-        if self._stages:
-            return
+        staged_at = self._stages.heads  # their staged requests join before any new prefill
         groups: dict[int, list[_Admitted]] = collections.defaultdict(list)
         running = {v: self._running_at(v) for v in self.heads}
         held_bytes = self._reserved()
@@ -439,6 +440,9 @@ class LiveServer:
             request = ticket.request
             load = len(self._held) + sum(map(len, groups.values())) + len(self._waiting)
             head, offset = self._head(request, load, count=True)
+            if head in staged_at:  # first come first served: it waits behind them
+                blocked, wait = head, None
+                break
             ids = self._ids(ticket, head)
             need = self.plan.sequence_bytes(len(ids), request.max_tokens)
             n, wait = admit_count(

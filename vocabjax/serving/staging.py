@@ -2,14 +2,16 @@
 (``continuous.py``) and the live server's (``live.py``): when more requests wait than rows are
 free, the prefill of the requests that get a row also takes the next waiting prompts of the same
 padded length (``ahead``); those without a row are staged on the device (``batching.Staged``)
-and join rows first come first served as rows free, ahead of any new prefill (``Stages``). So a
-busy server prefills many prompts in one call instead of the one or two a stop frees.
+and join rows at their head first come first served as rows free, ahead of any new prefill at
+that head (``Stages``); requests routed to another head are prefilled meanwhile. So a busy
+server prefills many prompts in one call instead of the one or two a stop frees.
 
     picks = ahead(16, buckets, need, joining=2, wait="rows", most=16, held_bytes=...,
                   running=..., b_max=..., kv_budget=...)
-    staged, call = prefill(engine, joining_and_picked, head, sampling, score)
+    staged, call = prefill(engine, joining_and_picked, head, score)
     batch.join_staged(staged, 2); stages.add(staged)      # the rest wait for rows
     stages.join(room, join)                               # later: as rows free
+    head in stages.heads                                  # no new prefill at it before they join
 
 A staged request holds memory from its prefill: its KV reservation counts against the budget
 and its head's b_max as a running request's does (``ahead`` stages only within both), so
@@ -83,6 +85,11 @@ class Stages:
         return bool(self._queue)
 
     @property
+    def heads(self) -> set[int]:
+        """The heads with requests staged: a new prefill at one waits until they have joined."""
+        return {staged.head for staged in self._queue}
+
+    @property
     def left(self) -> int:
         """Requests staged, still to join."""
         return sum(staged.left for staged in self._queue)
@@ -93,17 +100,21 @@ class Stages:
             self._queue.append(staged)
 
     def join(self, room: Callable[[Staged], int], join: Callable[[Staged, int], Any]) -> None:
-        """Staged requests join rows, first come first served, while rows are free: the first
-        stage's next ``min(left, room(stage))`` by ``join(stage, m)``, until a stage finds no
-        room. A stage whose requests have all joined is dropped."""
-        while self._queue:
-            staged = self._queue[0]
+        """Staged requests join rows at their head, first come first served at each head, while
+        its rows are free: each stage in order joins its next ``min(left, room(stage))`` by
+        ``join(stage, m)``, and once a stage finds no room (or too little for all it holds) the
+        later stages of its head wait too. A stage whose requests have all joined is dropped."""
+        full: set[int] = set()  # heads whose rows ran out this time
+        for staged in list(self._queue):
+            if staged.head in full:
+                continue
             m = min(staged.left, room(staged))
-            if m <= 0:
-                return
-            join(staged, m)
-            if not staged.left:
-                self._queue.popleft()
+            if m > 0:
+                join(staged, m)
+            if staged.left:
+                full.add(staged.head)
+            else:
+                self._queue.remove(staged)
 
     def cancel(self, tag: Any) -> bool:
         """The staged request ``tag`` never joins (its client left); a stage left with none is
