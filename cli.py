@@ -1316,8 +1316,8 @@ def _timing_columns(t: dict) -> dict:
     help="With --port: compile every device call greedy requests can need (each head, row "
     "bucket, prompt length, attention window and stage size) before the port opens, so that no "
     "request waits for the compiler (minutes on a CPU). '--warmup sampled' also compiles those "
-    "of requests sampled at any temperature (twice the shapes); a top_k's bucket (16, 64, 256, "
-    "...) compiles when first met.",
+    "of requests sampled at any temperature (half as many shapes again); a top_k's bucket (16, "
+    "64, 256, ...) compiles when first met.",
 )
 @click.option(
     "--compile-cache",

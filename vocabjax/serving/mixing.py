@@ -9,7 +9,7 @@ cheaper.
     place.group, place.mixed, place.reason
 
 A group of rows at several heads runs one jitted step over the widest head's ``W[:V_max]``,
-each row picking over its own prefix ``W[:V_row]`` (``decode.pick`` with a per-row vocabulary
+each row picking over its own prefix ``W[:V_row]`` (``decode.pick_rows``, a per-row vocabulary
 mask): the backbone's weights are read and its kernels launched once for every row, and the
 unembedding reads ``V_max`` rows of W once, against each group's own head read for its rows
 alone. Separate groups pay the backbone and launches once per group, but a row at a small head
