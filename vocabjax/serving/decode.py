@@ -174,6 +174,19 @@ def row_keys(rng: jax.Array, rows: int) -> jax.Array:
     return jax.vmap(jax.random.fold_in, (None, 0))(rng, jnp.arange(rows, dtype=jnp.uint32))
 
 
+def row_sampling(
+    config: DecodeConfig, rows: int, temp_b: jax.Array | None, topk_b: jax.Array | None
+) -> tuple[jax.Array, jax.Array]:
+    """Each row's temperature (float32) and top k (int32, 0: none): those given, else
+    ``config.sampling``'s for every row."""
+    s = config.sampling
+    if temp_b is None:
+        temp_b = jnp.full((rows,), s.temperature, jnp.float32)
+    if topk_b is None:
+        topk_b = jnp.full((rows,), s.top_k or 0, jnp.int32)
+    return jnp.asarray(temp_b, jnp.float32), jnp.asarray(topk_b, jnp.int32)
+
+
 def pick(
     config: DecodeConfig,
     model: GPT,
@@ -190,10 +203,8 @@ def pick(
     (``pick_rows``; one not given: the head and ``config.sampling``'s for every row)."""
     if config.per_row is not None:
         rows = h_bd.shape[0]
-        s = config.sampling
         vocab_b = jnp.full((rows,), config.head, jnp.int32) if vocab_b is None else vocab_b
-        temp_b = jnp.full((rows,), s.temperature, jnp.float32) if temp_b is None else temp_b
-        topk_b = jnp.full((rows,), s.top_k or 0, jnp.int32) if topk_b is None else topk_b
+        temp_b, topk_b = row_sampling(config, rows, temp_b, topk_b)
         return pick_rows(config, model, h_bd, keys_b, j_b, vocab_b, temp_b, topk_b)
     w_vd = model.head(config.head)
     s = config.sampling
@@ -348,11 +359,7 @@ def start(
     ``start_b`` (their prompt lengths); each row's temperature and top k ``temp_b``, ``topk_b``
     (by default ``config.sampling``'s)."""
     zeros_b = jnp.zeros(first_b.shape, jnp.int32)
-    s = config.sampling
-    if temp_b is None:
-        temp_b = jnp.full(first_b.shape, s.temperature, jnp.float32)
-    if topk_b is None:
-        topk_b = jnp.full(first_b.shape, s.top_k or 0, jnp.int32)
+    temp_b, topk_b = row_sampling(config, first_b.shape[0], temp_b, topk_b)
     state = Decoding(
         caches=caches,
         out_bs=jnp.zeros((first_b.shape[0], config.max_seq), jnp.int32),
@@ -363,8 +370,8 @@ def start(
         limits_b=limits_b,
         real_b=real_b,
         vocab_b=jnp.full(first_b.shape, config.head, jnp.int32),
-        temp_b=jnp.asarray(temp_b, jnp.float32),
-        topk_b=jnp.asarray(topk_b, jnp.int32),
+        temp_b=temp_b,
+        topk_b=topk_b,
         steps=jnp.int32(0),
         produced=jnp.int32(0),
     )

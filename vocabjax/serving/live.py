@@ -441,7 +441,7 @@ class LiveServer:
             load = len(self._held) + sum(map(len, groups.values())) + len(self._waiting)
             head, offset = self._head(request, load, count=True)
             if head in staged_at:  # first come first served: it waits behind them
-                blocked, wait = head, None
+                wait = None  # not for rows: nothing prefills ahead for it
                 break
             ids = self._ids(ticket, head)
             need = self.plan.sequence_bytes(len(ids), request.max_tokens)
