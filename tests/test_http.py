@@ -162,6 +162,8 @@ def test_two_hundred_concurrent_clients_each_get_their_tokens(engine):
     compiled = metrics["compiled"]
     assert compiled["while_waiting"] == late > 0 and compiled["while_waiting_s"] > 0
     assert compiled["shapes"] >= late
+    cpu = metrics["cpu_s"]  # the loop's thread did host work, a share of the process's
+    assert 0 < cpu["engine_loop"] <= cpu["process"]
 
 
 @pytest.mark.slow

@@ -5,7 +5,8 @@ uvicorn, the ``serve`` extra: ``pip install 'vocabjax[serve]'``).
                             "top_k": 40, "seed": 1, "stream": false, "model": "auto"}
     GET  /health           {"status": "ok" | "draining", ...}
     GET  /metrics          per-head requests and tokens, running batch, staged requests,
-                           windowed bits per byte, switches, queue length, memory
+                           windowed bits per byte, switches, queue length, memory,
+                           shapes compiled, CPU seconds (the engine loop's, the process's)
 
 ``model`` is ``"auto"`` (the router picks the head; default) or one of the run's heads. A
 request's fields are checked (an unknown field, a wrong type, ``max_tokens`` < 1, a prompt

@@ -232,6 +232,7 @@ class LiveServer:
         self._holding = 0
         self._staging = 0
         self._kv_bytes = 0
+        self._loop_cpu_s = 0.0  # the engine thread's CPU seconds, as of its last turn
         self._window: float | None = None  # the controller's windowed bits per byte
         self._offset = 0
 
@@ -361,6 +362,12 @@ class LiveServer:
                     "while_waiting": c.late_shapes,
                     "while_waiting_s": round(c.late_compile_s, 3),
                 },
+                # CPU seconds so far: the engine loop's own thread (its host work; the compiled
+                # calls run on XLA's threads) and the whole process's
+                "cpu_s": {
+                    "engine_loop": round(self._loop_cpu_s, 3),
+                    "process": round(time.process_time(), 3),
+                },
                 "draining": self.draining,
             }
 
@@ -397,8 +404,10 @@ class LiveServer:
         """What the other threads read: the requests waiting, staged and running per head, the
         cache they hold, the controller's window and offset."""
         running = {v: self._running_at(v) for v in self.heads}
+        loop_cpu_s = time.thread_time()  # this thread's: the loop's host work, not the device's
         with self._lock:
             self._running = running
+            self._loop_cpu_s = loop_cpu_s
             self._queued = len(self._waiting)
             self._staging = len(self._staged)
             self._holding = len(self._held)
