@@ -215,3 +215,11 @@ def test_a_compiled_call_says_its_shape():
     )
     whole = Call("steps", 500, 8, 3, 0.01, 0.5, 4, 12, mixed=True)
     assert whole.compiled_line() == "compiled head 500 (heads mixed): steps at 8 rows, in 0.50 s"
+
+
+@pytest.mark.parametrize("seed", [0, 7, 2**31 - 1, 2**31, 2**32 - 1, -3])
+def test_solo_key_is_the_seeds_row_0_key(seed):
+    """The compiled key of a seed in [0, 2^32) (and the eager one outside it) is fold_in(key(seed),
+    0), the key Engine.generate gives a request's row 0, bit for bit."""
+    want = jax.random.fold_in(jax.random.key(seed), 0)
+    assert np.array_equal(jax.random.key_data(solo_key(seed)), jax.random.key_data(want))

@@ -64,7 +64,7 @@ from vocabjax.serving.decode import Sampling
 from vocabjax.serving.engine import Engine, attention_window, bucket_length, prompt_ids
 from vocabjax.serving.mixing import Pricer, default_device
 from vocabjax.serving.records import ServeConfig
-from vocabjax.serving.router import Routes, offset_bounds, route_batch
+from vocabjax.serving.router import RoutedBatch, Routes, offset_bounds, route_batch
 from vocabjax.serving.staging import Stages, ahead, may_stage
 
 STEPS_PER_CALL = 8  # decode steps between looks at the queue
@@ -233,6 +233,7 @@ class LiveServer:
         self._staging = 0
         self._kv_bytes = 0
         self._loop_cpu_s = 0.0  # the engine thread's CPU seconds, as of its last turn
+        self._routed: dict[tuple[int, int], RoutedBatch] = {}  # (B, offset): the router's route
         self._window: float | None = None  # the controller's windowed bits per byte
         self._offset = 0
 
@@ -567,9 +568,11 @@ class LiveServer:
         if request.head is not None:
             return request.head, None
         offset = 0 if self.controller is None else self.controller.offset
-        route = route_batch(
-            self.heads, self.routes, batch=min(load, self.config.max_batch), offset=offset
-        )
+        b = min(load, self.config.max_batch)
+        route = self._routed.get((b, offset))
+        if route is None:  # the router is a pure function of (B, offset): each is routed once
+            route = route_batch(self.heads, self.routes, batch=b, offset=offset)
+            self._routed[(b, offset)] = route
         if count:
             if self._last_head is not None and route.head != self._last_head:
                 self._counts.router_switches += 1
