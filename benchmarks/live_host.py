@@ -9,6 +9,8 @@ for every request it admits or looks at, side by side in one process.
 - ``route``: the head the router gives a request at the loop's load. Before, ``route_batch`` per
   request, and the loop's look for requests to prefill ahead asks it for every waiting request
   each turn; now ``LiveServer`` routes each (B, offset) once and looks it up after.
+- ``keys stacked``: a prefill's requests' keys stacked into one array (per request of a prefill
+  of 16). Before, ``jnp.stack`` run eagerly; now ``batching._stacked``, one compiled call.
 
 Each side runs ``--requests`` of them (seeds drawn as ``fresh_seed`` draws them; B over 1 to 32,
 offset 0), timed round-robin (``vocabjax.timing.time_interleaved``); the table gives the median
@@ -22,10 +24,11 @@ import argparse
 import sys
 
 import _report
+import jax.numpy as jnp
 import numpy as np
 
 from vocabjax import render
-from vocabjax.serving.batching import _row0_key, solo_key
+from vocabjax.serving.batching import _row0_key, _stacked, solo_key
 from vocabjax.serving.router import route_batch
 from vocabjax.timing import TimingSettings, time_interleaved
 
@@ -62,15 +65,25 @@ def main(argv=None) -> int:
             out = route.head
         return out
 
+    groups = [tuple(solo_key(s) for s in seeds[i : i + 16]) for i in range(0, n - 15, 16)]
+
+    def stack_before():
+        return [jnp.stack(g) for g in groups][-1]
+
+    def stack_after():
+        return [_stacked(g) for g in groups][-1]
+
     rows = []
-    for what, before, after in (("key", keys_before, keys_after),
-                                ("route", routes_before, routes_after)):  # fmt: skip
+    for what, before, after, per in (("key", keys_before, keys_after, n),
+                                     ("route", routes_before, routes_after, n),
+                                     ("keys stacked", stack_before, stack_after,
+                                      16 * len(groups))):  # fmt: skip
         t_before, t_after = time_interleaved([before, after], [()], SETTINGS)
         rows.append(
             {
                 "per request": what,
-                "before_us": 1e6 * t_before / n,
-                "after_us": 1e6 * t_after / n,
+                "before_us": 1e6 * t_before / per,
+                "after_us": 1e6 * t_after / per,
                 "before / after": t_before / t_after,
             }
         )

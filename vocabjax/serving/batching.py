@@ -77,6 +77,12 @@ def _row0_key(seed) -> jax.Array:
 _solo_key = jax.jit(_row0_key)
 
 
+@jax.jit
+def _stacked(keys: tuple[jax.Array, ...]) -> jax.Array:
+    """Typed keys stacked in one compiled call (one per count; eagerly, a call per key)."""
+    return jnp.stack(keys)
+
+
 def pow2_rows(n: int, max_rows: int) -> int:
     """The bucket of rows for ``n`` requests: the next power of two, at most ``max_rows``."""
     return min(max_rows, 1 << max(n - 1, 0).bit_length())
@@ -182,7 +188,7 @@ def _padded(
     return (
         ids_nt,
         jnp.asarray(np.asarray(lengths + [1] * pad, np.int32)),
-        jnp.stack([j.key for j in joining] + [joining[0].key] * pad),
+        _stacked(tuple(j.key for j in joining) + (joining[0].key,) * pad),
         jnp.asarray(np.asarray([j.limit for j in joining] + [1] * pad, np.int32)),
         jnp.asarray(np.asarray([j.sampling.temperature for j in joining] + [0] * pad, np.float32)),
         jnp.asarray(np.asarray([j.sampling.top_k or 0 for j in joining] + [0] * pad, np.int32)),
@@ -371,7 +377,7 @@ class RunningBatch:
         picks = staged.pending[:n]
         slots_n = np.full(staged.rows, self.rows, np.int32)  # past the last row: not joining now
         slots_n[picks] = free
-        args = (self._state, self._keys_b, *staged.arrays, jnp.asarray(slots_n))
+        args = (self._state, self._keys_b, *staged.arrays, slots_n)
         join, compile_j = self._join_function(staged, args)
         self._state, self._keys_b = join(*args)
         counts = jax.device_get(self._counts())
@@ -410,8 +416,10 @@ class RunningBatch:
         running = self.live
         vocab, mixed = self.vocab, self.mixed
         window = attention_window([r.end for r in self._rows if r is not None], self.config.max_seq)
-        args = (self.engine.run.params, self._state, self._keys_b, jnp.int32(max_steps),
-                jnp.int32(stops))  # fmt: skip
+        # host scalars and index arrays go to the compiled call as numpy: a jnp.asarray first
+        # is an eager op of its own (~20 us on a 2-core CPU), per call of the serving loop
+        args = (self.engine.run.params, self._state, self._keys_b, np.int32(max_steps),
+                np.int32(stops))  # fmt: skip
         steps, compiled = self._steps_function(vocab, self.picks, window, args)
         self._state = steps(*args)
         before = self._done
@@ -504,7 +512,7 @@ class RunningBatch:
         for rows in buckets:
             self._start(rows)
             for window, how in itertools.product(windows, picks):
-                args = (params, self._state, self._keys_b, jnp.int32(1), jnp.int32(1))
+                args = (params, self._state, self._keys_b, np.int32(1), np.int32(1))
                 self._steps_function(self.head, how, window, args)
             for staged in stages:
                 slots_n = jnp.full((staged.rows,), rows, jnp.int32)  # none joins
