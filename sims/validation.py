@@ -17,6 +17,7 @@ Each run against the medians says how far this machine repeats itself.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import statistics
 
 import _common  # noqa: F401  (puts the checkout on sys.path)
@@ -200,9 +201,7 @@ def own_fits(grids, fitted_profile, fitted_on: str) -> list[str]:
     steps."""
     lines = []
     for label, names, listed in grids:
-        runs = [validation.read_validation(DATA / name) for name in names]
-        v = validation.combine_runs(runs, names) if len(runs) > 1 else runs[0]
-        cal = calibrate(v)
+        runs, v, cal = runs_fitted(names)
         m, w = steps_after(cal)
         steps = v.grid.decode_steps
         elsewhere = [  # the same held-out steps priced on the other processor's fit
@@ -230,8 +229,7 @@ def own_fits(grids, fitted_profile, fitted_on: str) -> list[str]:
 def one_run_worst(name: str, others) -> list[str]:
     """The held-out step a single run's own fit misses most, and what the runs ``others``
     measured at the same point: how much of the miss is the run's own."""
-    v = validation.read_validation(DATA / name)
-    cal = calibrate(v)
+    _, _, cal = runs_fitted((name,))
     held = [r for r in cal.held_out(cal.after) if r.point.family in STEP_FAMILIES]
     r = max(held, key=lambda r: abs(r.error_pct))
     label = r.point.label()
@@ -252,9 +250,16 @@ def one_run_worst(name: str, others) -> list[str]:
 def second_guest_profile():
     """The profile fitted on the Intel guest's full runs and its loops run (``OTHER_FULL`` and
     ``LATER``: what ``profiles/cpu-xeon.json`` is)."""
-    names = OTHER_FULL + (LATER,)
+    return runs_fitted(OTHER_FULL + (LATER,))[2].fit.profile
+
+
+@functools.cache
+def runs_fitted(names: tuple[str, ...]):
+    """The runs ``names`` read, combined (one run: itself) and fitted, once per script:
+    (the runs, the validation, its calibration)."""
     runs = [validation.read_validation(DATA / name) for name in names]
-    return calibrate(validation.combine_runs(runs, names)).fit.profile
+    v = validation.combine_runs(runs, names) if len(runs) > 1 else runs[0]
+    return runs, v, calibrate(v)
 
 
 def each_run(names, runs) -> list[str]:
