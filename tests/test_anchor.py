@@ -19,6 +19,7 @@ from vocabjax.shapes import BUILTIN_SHAPES
 from vocabjax.validation import get_grid, predict, validate
 from vocabjax.validation import run as validation_run
 from vocabjax.validation.anchor import anchor_of, anchored
+from vocabjax.validation.timing import Timed
 
 CALIBRATED = DeviceProfile(
     name="cpu",
@@ -51,7 +52,7 @@ def _machine(monkeypatch, device: DeviceProfile, factors):
         for i, p in enumerate(points):
             fresh = float(FRESH) if p.family == "prefill" and p.batch > 1 else 0.0
             t = predict(p, device, decode_steps=grid.decode_steps, fresh_bytes=fresh).predicted_s
-            out.append((t * factors[i % len(factors)], 0.1, None, fresh))
+            out.append(Timed(t * factors[i % len(factors)], 0.1, None, fresh))
         return out
 
     monkeypatch.setattr(validation_run, "measure", measure)

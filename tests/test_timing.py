@@ -18,6 +18,7 @@ from vocabjax.timing import (
     minor_faults,
     time_call,
     time_interleaved,
+    time_rounds,
 )
 
 FAST = TimingSettings(warmup=1, repeats=3, min_repeats=3)
@@ -126,6 +127,13 @@ def test_time_interleaved_gives_each_function_its_own_median(monkeypatch):
     settings = dataclasses.replace(FAST, slow_call_s=10.0)
     times = time_interleaved([clock.call, clock.call], [()], settings)
     assert times == pytest.approx([0.2, 0.5])
+
+
+def test_time_rounds_keeps_every_timed_call_of_each_function(monkeypatch):
+    clock = _clock(monkeypatch, [1.0, 1.0, 0.1, 0.5, 0.6, 0.2, 0.3, 0.4])
+    settings = dataclasses.replace(FAST, slow_call_s=10.0)
+    rounds = time_rounds([clock.call, clock.call], [()], settings)
+    assert rounds == [pytest.approx([0.1, 0.2, 0.3]), pytest.approx([0.5, 0.6, 0.4])]
 
 
 def test_copy_probe_adds_one_per_call_in_place():

@@ -43,7 +43,7 @@ CPU_PROFILE = DeviceProfile(
 POINT_KEYS = {
     "family", "kind", "shape", "vocab", "batch", "context", "flops", "bytes", "launches",
     "launch_s", "calls", "dispatch_s", "predicted_s", "measured_s", "compile_s", "error_pct",
-    "bound", "ops", "faults_per_call", "fresh_bytes",
+    "bound", "ops", "faults_per_call", "fresh_bytes", "repeat_spread_pct",
 }  # fmt: skip
 SUMMARY_KEYS = {"n", "median_abs_error_pct", "max_abs_error_pct"}
 
@@ -79,11 +79,18 @@ FRESH = 64 * 2**20  # the fresh memory fake_times gives every third point's call
 
 def fake_times(monkeypatch, measured_s: float = 1e-3):
     """Skip the timing: every point takes ``measured_s`` (times 1, 2 or 3), compiles in 0.5 s,
-    faults ``1000 measured_s`` pages per call, and every third maps ``FRESH`` bytes afresh."""
+    faults ``1000 measured_s`` pages per call, every third maps ``FRESH`` bytes afresh, and its
+    timed calls spread by ``1e4 measured_s`` %."""
 
     def fake(points, grid, **kw):
         return [
-            (measured_s * (1 + i % 3), 0.5, 1e3 * measured_s, 0.0 if i % 3 else float(FRESH))
+            timing.Timed(
+                measured_s * (1 + i % 3),
+                0.5,
+                1e3 * measured_s,
+                0.0 if i % 3 else float(FRESH),
+                1e4 * measured_s,
+            )  # fmt: skip
             for i in range(len(points))
         ]
 
@@ -112,6 +119,7 @@ def test_json_has_every_family_with_finite_positive_figures(real_run):
         )
         # XLA's temporaries when glibc maps them afresh (32 MiB or more), else none
         assert p["fresh_bytes"] == 0 or p["fresh_bytes"] >= timing.FRESH_THRESHOLD
+        assert math.isfinite(p["repeat_spread_pct"]) and p["repeat_spread_pct"] >= 0
         assert p["error_pct"] == pytest.approx(
             100 * (p["predicted_s"] - p["measured_s"]) / p["measured_s"], rel=1e-12
         )
@@ -176,7 +184,7 @@ def test_formats_render_the_points_and_the_summary(real_run, monkeypatch, fmt):
     lines = result.stdout.splitlines()
     if fmt == "csv":
         assert lines[0].split(",") == [
-            *validation.report.COLUMNS, "faults_per_call", "fresh_bytes"
+            *validation.report.COLUMNS, "faults_per_call", "fresh_bytes", "repeat_spread_pct"
         ]  # fmt: skip
         assert len(lines) == 1 + len(doc["points"])
         return
@@ -534,7 +542,7 @@ def test_fit_recovers_a_machine_and_prices_as_the_fit_does(monkeypatch, tmp_path
 
     def machine(points, grid, **kw):
         return [
-            (
+            timing.Timed(
                 predict(p, truth, decode_steps=grid.decode_steps, fresh_bytes=fresh(p)).predicted_s,
                 0.1, None, fresh(p),
             )
@@ -705,6 +713,8 @@ def test_runs_combine_into_each_points_median(monkeypatch, tmp_path, profile_pat
         assert p["runs_spread_pct"] == pytest.approx(spread)
         assert p["predicted_s"] == single[0][i]["predicted_s"]  # priced as the first run
         assert p["faults_per_call"] == statistics.median(r[i]["faults_per_call"] for r in single)
+        spreads = [r[i]["repeat_spread_pct"] for r in single]
+        assert p["repeat_spread_pct"] == statistics.median(spreads) == pytest.approx(20.0)
         assert p["fresh_bytes"] == single[0][i]["fresh_bytes"] == (0.0 if i % 3 else FRESH)
     back = validation.read_validation(tmp_path / "all.json")
     assert back.runs == 3 and back.results[0].runs_spread_pct == pytest.approx(100.0)
@@ -754,7 +764,7 @@ def test_runs_of_two_grids_combine_into_their_union(monkeypatch, tmp_path, profi
 
     def timed(scale):  # each point's time by its label, so the runs' shared points agree
         def fake(points, grid, **kw):
-            return [(scale * (1 + len(p.label()) % 3), 0.5, 10.0, 0.0) for p in points]
+            return [timing.Timed(scale * (1 + len(p.label()) % 3), 0.5, 10.0, 0.0) for p in points]
 
         monkeypatch.setattr(validation_run, "measure", fake)
 

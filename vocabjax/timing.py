@@ -143,13 +143,26 @@ def time_interleaved(
     between: Callable[[], Any] | None = None,
     tally: Tally | None = None,
 ) -> list[float]:
-    """Median wall time of each of ``fns``, timed round-robin: every round calls each function
-    once (starting at a different one each round), so all of them see the same machine load;
-    consecutive calls take consecutive input sets. Slow points get fewer rounds. ``between``
-    (``cache_evictor()``) runs, untimed, before every warm-up and timed call: without it a
-    function that follows one reading the same arrays finds them in the cache, and in a fixed
-    round-robin order it follows that one every round. ``tally`` counts something around every
-    timed call (``Tally``)."""
+    """Median wall time of each of ``fns`` (``time_rounds``'s repeats, each function's median)."""
+    rounds = time_rounds(fns, arg_sets, settings, between=between, tally=tally)
+    return [statistics.median(t) for t in rounds]
+
+
+def time_rounds(
+    fns: Sequence[Callable[..., Any]],
+    arg_sets: Sequence[tuple],
+    settings: TimingSettings,
+    *,
+    between: Callable[[], Any] | None = None,
+    tally: Tally | None = None,
+) -> list[list[float]]:
+    """Every timed call's wall time, per function of ``fns``, timed round-robin: every round
+    calls each function once (starting at a different one each round), so all of them see the
+    same machine load; consecutive calls take consecutive input sets. Slow points get fewer
+    rounds. ``between`` (``cache_evictor()``) runs, untimed, before every warm-up and timed
+    call: without it a function that follows one reading the same arrays finds them in the
+    cache, and in a fixed round-robin order it follows that one every round. ``tally`` counts
+    something around every timed call (``Tally``)."""
     if not fns:
         return []
     n = len(arg_sets)
@@ -181,7 +194,7 @@ def time_interleaved(
                 tally.add(j, before, tally.read())
         if r + 1 >= settings.min_repeats and min(t[0] for t in times) > settings.slow_call_s:
             break
-    return [statistics.median(t) for t in times]
+    return times
 
 
 EVICT_BYTES = 256 * 2**20  # written between timed calls where the last-level cache is unknown

@@ -84,6 +84,7 @@ def point_json(r: Result) -> dict[str, Any]:
         **({} if r.runs_spread_pct is None else {"runs_spread_pct": r.runs_spread_pct}),
         **({} if r.faults_per_call is None else {"faults_per_call": r.faults_per_call}),
         **({} if r.fresh_bytes is None else {"fresh_bytes": r.fresh_bytes}),
+        **({} if r.repeat_spread_pct is None else {"repeat_spread_pct": r.repeat_spread_pct}),
         "error_pct": r.error_pct,
         "bound": q.bound,
         "ops": [o.to_json() for o in q.ops],
@@ -173,12 +174,12 @@ def document(
 
 def point_rows(v: Validation) -> list[dict[str, Any]]:
     """One row per point, in ``COLUMNS`` (and the runs' spread for combined runs, the page
-    faults per call where the run counted them, the memory a call maps afresh where known)."""
+    faults per call where the run counted them, the memory a call maps afresh and the timed
+    calls' spread where known)."""
     columns = COLUMNS + (("runs_spread_pct",) if v.runs > 1 else ())
-    if any(r.faults_per_call is not None for r in v.results):
-        columns += ("faults_per_call",)
-    if any(r.fresh_bytes is not None for r in v.results):
-        columns += ("fresh_bytes",)
+    for optional in ("faults_per_call", "fresh_bytes", "repeat_spread_pct"):
+        if any(getattr(r, optional) is not None for r in v.results):
+            columns += (optional,)
     return [{c: point_json(r).get(c) for c in columns} for r in v.results]
 
 

@@ -48,6 +48,9 @@ class Result:
     # memory one call maps afresh (``timing.fresh_bytes``: XLA's temporaries of 32 MiB or more
     # on a CPU, 0 elsewhere); None where not known (a run saved before they were recorded)
     fresh_bytes: float | None = None
+    # (max - min) / median of the point's timed calls in its run, in % (several runs combined:
+    # the median over them); None for a run saved before they were recorded
+    repeat_spread_pct: float | None = None
 
     @property
     def error_pct(self) -> float:
@@ -216,10 +219,14 @@ def validate(
     with unembed.using_device_profile(device):
         times = measure([p for p, _ in kept], grid, seed=seed, progress=say, by_shape=by_shape)
     results: list[Result] = []
-    for (p, _), (measured, compile_s, faults, fresh) in zip(kept, times, strict=True):
+    for (p, _), t in zip(kept, times, strict=True):
+        measured = t.seconds
         # priced again with the memory its compiled call maps afresh, known once built
-        q = predict(p, device, decode_steps=grid.decode_steps, fresh_bytes=fresh or 0.0)
-        r = Result(p, q, measured, compile_s, faults_per_call=faults, fresh_bytes=fresh)
+        q = predict(p, device, decode_steps=grid.decode_steps, fresh_bytes=t.fresh_bytes or 0.0)
+        r = Result(
+            p, q, measured, t.compile_s, faults_per_call=t.faults_per_call,
+            fresh_bytes=t.fresh_bytes, repeat_spread_pct=t.repeat_spread_pct,
+        )  # fmt: skip
         results.append(r)
         say(
             f"  {p.label()}: measured {measured * 1e3:.4g} ms, predicted "

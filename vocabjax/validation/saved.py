@@ -46,9 +46,10 @@ from vocabjax.validation.run import (
 
 KIND = "validation"
 _POINT_FIELDS = ("family", "shape", "vocab", "batch", "context", "measured_s", "compile_s")
-# written by a combined run (``combine_runs``), by runs that counted page faults, and by runs
-# that recorded the memory each call maps afresh (or had it added: sims/fresh_bytes.py)
-_POINT_OPTIONAL = ("runs_spread_pct", "faults_per_call", "fresh_bytes")
+# written by a combined run (``combine_runs``), by runs that counted page faults, by runs that
+# recorded the memory each call maps afresh (or had it added: sims/fresh_bytes.py), and by runs
+# that recorded their timed calls' spread
+_POINT_OPTIONAL = ("runs_spread_pct", "faults_per_call", "fresh_bytes", "repeat_spread_pct")
 
 
 def _grid(data: Any, *, where: str) -> Grid:
@@ -244,6 +245,7 @@ def combine_runs(runs: Sequence[Validation], names: Sequence[str] | None = None)
         ts = times(pairs)
         median = statistics.median(ts)
         faults = [x.faults_per_call for x in each]
+        spreads = [x.repeat_spread_pct for x in each]
         # the compiled calls' own figure: alike in every run that recorded it
         fresh = {x.fresh_bytes for x in each if x.fresh_bytes is not None}
         if len(fresh) > 1:
@@ -258,6 +260,7 @@ def combine_runs(runs: Sequence[Validation], names: Sequence[str] | None = None)
             runs_spread_pct=100.0 * (max(ts) - min(ts)) / median,
             faults_per_call=None if None in faults else statistics.median(faults),
             fresh_bytes=fresh.pop() if fresh else None,
+            repeat_spread_pct=None if None in spreads else statistics.median(spreads),
         )
 
     hosts = list(dict.fromkeys(v.host for v in runs))

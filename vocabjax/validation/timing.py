@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import gc
 import math
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -52,7 +53,7 @@ from vocabjax.models.gpt import LayerCache
 from vocabjax.progress import Progress
 from vocabjax.serving.engine import MIN_BUCKET, Engine, LoadedRun, Sampling
 from vocabjax.shapes import ModelShape
-from vocabjax.timing import Tally, cache_evictor, minor_faults, time_interleaved
+from vocabjax.timing import Tally, cache_evictor, minor_faults, time_rounds
 from vocabjax.train import CorpusSpec, Functional, HeadTokenizer, RunConfig
 from vocabjax.train.steps import make_train_step, optimizer
 from vocabjax.validation.grid import Grid, Point
@@ -63,12 +64,14 @@ Call = Callable[[], Any]
 class Timed(NamedTuple):
     """One point's timing: seconds per step (decode: per step of the loop) or per op, its
     compile seconds, the median minor page faults of one timed call (None: not counted), and
-    the memory one call maps afresh (``fresh_bytes``)."""
+    the memory one call maps afresh (``fresh_bytes``), and the timed calls' own spread,
+    (max - min) / median in % (``repeat_spread_pct``)."""
 
     seconds: float
     compile_s: float
     faults_per_call: float | None
     fresh_bytes: float | None
+    repeat_spread_pct: float | None = None
 
 
 # glibc serves an allocation of less than its largest mmap threshold (32 MiB on 64-bit) from its
@@ -381,7 +384,7 @@ def _measure_set(
             f"{s.repeats} timed rounds after a first call each)"
         )
         tally = Tally(minor_faults)
-        times = time_interleaved(calls, [()], s, between=cache_evictor(), tally=tally)
+        rounds = time_rounds(calls, [()], s, between=cache_evictor(), tally=tally)
     except jax.errors.JaxRuntimeError as exc:  # e.g. RESOURCE_EXHAUSTED: the grid's memory
         first = str(exc).strip().splitlines()[0][:300]
         raise UserError(f"validate: the device refused a call: {first}") from None
@@ -391,6 +394,11 @@ def _measure_set(
     per_call = [p.per_call(grid.decode_steps) for p in points]
     faults = tally.medians(len(points))
     return [
-        Timed(t / n, c, f, m)
-        for t, n, c, f, m in zip(times, per_call, compiles, faults, fresh, strict=True)
+        Timed(statistics.median(t) / n, c, f, m, spread_pct(t))
+        for t, n, c, f, m in zip(rounds, per_call, compiles, faults, fresh, strict=True)
     ]
+
+
+def spread_pct(times: Sequence[float]) -> float:
+    """(max - min) / median of ``times``, in %."""
+    return 100.0 * (max(times) - min(times)) / statistics.median(times)
