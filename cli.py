@@ -1646,6 +1646,13 @@ def autotune(vocab, batch, d_model, dtype, ops, quick, out, fmt):
     "arrays freed (a point can run slower beside them; docs/validation.md).",
 )
 @click.option(
+    "--warm",
+    is_flag=True,
+    help="Call each point back to back, the cache not evicted between calls, as a serving "
+    "loop calls its steps: fit on such runs to price serving on a CPU whose last-level cache "
+    "holds the model (docs/validation.md, 'Warm calls') [default: evicted before every call].",
+)
+@click.option(
     "--from",
     "saved",
     type=click.Path(dir_okay=False),
@@ -1696,7 +1703,19 @@ def autotune(vocab, batch, d_model, dtype, ops, quick, out, fmt):
 )
 @format_option
 def validate(
-    device, quick, by_shape, grid_name, saved, fit, fit_on, anchor, save_profile, out, plot, fmt
+    device,
+    quick,
+    by_shape,
+    warm,
+    grid_name,
+    saved,
+    fit,
+    fit_on,
+    anchor,
+    save_profile,
+    out,
+    plot,
+    fmt,
 ):
     """Time this project's GPT, serving engine and training step on this machine beside the
     cost model's prediction for each point: decode and prefill steps, training steps, and the
@@ -1723,9 +1742,10 @@ def validate(
 
     if quick and grid_name not in (None, "quick"):
         raise click.UsageError(f"--quick and --grid {grid_name} clash: give one")
-    if saved and (quick or grid_name or by_shape):
+    if saved and (quick or grid_name or by_shape or warm):
         raise click.UsageError(
-            "--from prices a saved run's points: --quick, --grid and --by-shape time new ones"
+            "--from prices a saved run's points: --quick, --grid, --by-shape and --warm time "
+            "new ones"
         )
     if fit and anchor:
         raise click.UsageError("--fit and --anchor clash: fit a profile, then anchor it")
@@ -1741,7 +1761,7 @@ def validate(
     else:
         name = grid_name or ("quick" if quick else "anchor" if anchor else "full")
         result = validation.validate(
-            device or validation.MEASURE, name, progress=log, by_shape=by_shape
+            device or validation.MEASURE, name, progress=log, by_shape=by_shape, warm=warm
         )
     calibrated = None
     if fit:

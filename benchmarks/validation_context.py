@@ -12,6 +12,10 @@ point sharing its engine with the prefill of its (V, B, T) where the grid has on
 the same timer (``timing.time_interleaved``, the cache evicted before every call), in
 ``--rounds`` rounds over the chosen points only. A point that takes much longer inside the grid
 than in a group of its own is slowed by what the grid holds around it, not by its own work.
+
+``--warm`` times each point again called back to back, nothing between its calls (as a serving
+loop calls its steps), beside the evicted time: what a call saves when its weights, caches and
+the runtime's own state are still in the CPU's caches from the call before.
 """
 
 from __future__ import annotations
@@ -26,7 +30,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _report import header  # noqa: E402
 
 from vocabjax import render  # noqa: E402
-from vocabjax.timing import Tally, cache_evictor, minor_faults, time_interleaved  # noqa: E402
+from vocabjax.timing import (  # noqa: E402
+    Tally,
+    cache_evictor,
+    minor_faults,
+    time_call,
+    time_interleaved,
+)
 from vocabjax.validation import read_validations  # noqa: E402
 from vocabjax.validation.timing import Group  # noqa: E402
 
@@ -44,6 +54,9 @@ def main(argv: list[str] | None = None) -> None:
         "--point", action="append", required=True, help='a point\'s label, "decode tiny V=..."'
     )
     p.add_argument("--rounds", type=int, default=9, help="timed rounds [9]")
+    p.add_argument(
+        "--warm", action="store_true", help="also time each point back to back, nothing between"
+    )
     p.add_argument("--format", default="markdown", choices=["table", "markdown", "csv", "json"])
     args = p.parse_args(argv)
     run = read_validations(args.saved)
@@ -70,20 +83,24 @@ def main(argv: list[str] | None = None) -> None:
     tally = Tally(minor_faults)
     times = time_interleaved(calls, [()], settings, between=cache_evictor(), tally=tally)
     faults = tally.medians(len(calls))
+    # back to back: each point's calls in a row, its own warm-up first (``time_call``)
+    warm = [time_call(c, [()], settings) for c in calls] if args.warm else [None] * len(calls)
     rows = []
-    for r, t, f in zip(chosen, times, faults, strict=True):
-        own = t / (run.grid.decode_steps if r.point.family == "decode" else 1)
-        rows.append(
-            {
-                "point": r.point.label(),
-                "in_the_grid_ms": r.measured_s * 1e3,
-                "runs_spread_pct": r.runs_spread_pct,
-                "alone_ms": own * 1e3,
-                "grid_over_alone": r.measured_s / own,
-                "faults_in_the_grid": r.faults_per_call,
-                "faults_alone": f,
-            }
-        )
+    for r, t, f, w in zip(chosen, times, faults, warm, strict=True):
+        per_call = r.point.per_call(run.grid.decode_steps)
+        own = t / per_call
+        row = {
+            "point": r.point.label(),
+            "in_the_grid_ms": r.measured_s * 1e3,
+            "runs_spread_pct": r.runs_spread_pct,
+            "alone_ms": own * 1e3,
+            "grid_over_alone": r.measured_s / own,
+            "faults_in_the_grid": r.faults_per_call,
+            "faults_alone": f,
+        }
+        if w is not None:
+            row |= {"warm_ms": w / per_call * 1e3, "alone_over_warm": t / w}
+        rows.append(row)
     print(render.rows(rows, args.format))
 
 

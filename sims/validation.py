@@ -41,7 +41,11 @@ LATER = "validation_cpu_loops_3.json"
 OTHER_QUICK = tuple(f"validation_cpu_quick_{i}.json" for i in (11, 12, 13))
 OTHER_FULL = tuple(f"validation_cpu_full_{i}.json" for i in (11, 12, 13))
 # a third guest (Intel again, another machine: the suite ran 1.6x faster there), fitted on its own
-THIRD_FULL, THIRD_LOOPS = "validation_cpu_full_14.json", "validation_cpu_loops_4.json"
+THIRD_FULL = tuple(f"validation_cpu_full_{i}.json" for i in (14, 15, 16))
+THIRD_LOOPS = "validation_cpu_loops_4.json"
+# the third guest's grids timed warm (``validate --warm``: each point's calls back to back, the
+# cache not evicted), as a serving loop calls its steps
+WARM = ("validation_cpu_warm_full_1.json", "validation_cpu_warm_loops_1.json")
 FIGURE = "validation_cpu_full.png"
 TARGET = (10.0, 30.0)  # issue 10: median and worst |error| of the held-out steps, percent
 
@@ -247,6 +251,63 @@ def one_run_worst(name: str, others) -> list[str]:
     ]
 
 
+def noisiest(names, n: int = 6) -> list[str]:
+    """The steps whose runs ``names`` disagree most, with each run's time and its timed calls'
+    own spread (where the run recorded it): a run slow throughout, or a noisy point."""
+    runs, v, _ = runs_fitted(names)
+    steps = [r for r in v.results if r.point.family in STEP_FAMILIES]
+    worst = sorted(steps, key=lambda r: -(r.runs_spread_pct or 0.0))[:n]
+    rows = []
+    for r in worst:
+        label = r.point.label()
+        each = [next(x for x in run.results if x.point.label() == label) for run in runs]
+        cells = [
+            f"{x.measured_s * 1e3:.2f} ms"
+            + ("" if x.repeat_spread_pct is None else f" ({x.repeat_spread_pct:.0f}%)")
+            for x in each
+        ]
+        rows.append(f"| {label} | {' | '.join(cells)} | {r.runs_spread_pct:.0f}% |")
+    return [
+        f"The {n} steps whose {len(runs)} runs disagree most: each run's time and, in brackets,",
+        "the spread of that run's own timed calls ((max - min) / median of its repeats; the",
+        "first run did not record it), then the runs' spread over their median:",
+        "",
+        f"| step | {' | '.join(f'run {i}' for i in range(1, len(runs) + 1))} | runs' spread |",
+        "|---|" + "---:|" * (len(runs) + 1),
+        *rows,
+    ]
+
+
+def warm_calls() -> list[str]:
+    """The third guest's points timed warm against the same points timed with the cache evicted
+    (each point's median over the evicted runs), by family, and the warm runs' own fit."""
+    _, evicted, evicted_cal = runs_fitted(THIRD_FULL + (THIRD_LOOPS,))
+    _, warm, _ = runs_fitted(WARM)
+    cold = {r.point.label(): r.measured_s for r in evicted.results}
+    ratios: dict[str, list[float]] = {}
+    for r in warm.results:
+        name = r.point.family + ("" if r.point.steps is None else f", {r.point.steps} a call")
+        ratios.setdefault(name, []).append(cold[r.point.label()] / r.measured_s)
+    rows = [
+        f"| {name} | {len(q)} | {statistics.median(q):.2f} | {min(q):.2f} | {max(q):.2f} |"
+        for name, q in sorted(ratios.items())
+    ]
+    return [
+        "Each point's evicted time (its median over the runs above, full and loops) over its",
+        "warm time:",
+        "",
+        "| family | n | evicted / warm: median | least | most |",
+        "|---|---:|---:|---:|---:|",
+        *rows,
+        "",
+        *own_fits(
+            (("The warm runs (full and loops)", WARM, True),),
+            evicted_cal.fit.profile,
+            "this guest's evicted runs (full and loops)",
+        ),
+    ]
+
+
 def second_guest_profile():
     """The profile fitted on the Intel guest's full runs and its loops run (``OTHER_FULL`` and
     ``LATER``: what ``profiles/cpu-xeon.json`` is)."""
@@ -401,23 +462,40 @@ def main() -> None:
         *other_processor(both_cal.fit.profile),
         "## A third guest",
         "",
-        "The loops grid and the full grid timed once each on another Intel Xeon guest",
-        "(2026-12-07, 19:13 and 19:38 UTC, the machine otherwise idle), on which the test suite",
-        "runs in 6.3 min against 9.4-10.8 on the guest of the runs above and `lscpu` reports",
-        "480 MiB of L3: what one run of each grid gives a new machine's own fit, beside the",
-        "profile fitted on the Intel guest's runs above (`profiles/cpu-xeon.json` in",
-        "docs/serving.md) pricing the same held-out steps.",
+        "The loops grid and the full grid timed on another Intel Xeon guest, the machine",
+        "otherwise idle: the loops grid once and the full grid once (2026-12-07, 19:13 and",
+        "19:38 UTC), then the full grid twice more in a later session on the same guest (from",
+        "21:31 UTC, one after the other, with each point's timed calls' spread recorded).",
+        "The test suite runs in 6.3 min there against 9.4-10.8 on the guest of the runs above,",
+        "and `lscpu` reports 480 MiB of L3. What a new machine's own runs give its own fit,",
+        "beside the profile fitted on the Intel guest's runs above (`profiles/cpu-xeon.json` in",
+        "docs/serving.md) pricing the same held-out steps:",
         "",
         *own_fits(
             (
-                ("The full grid's run", (THIRD_FULL,), True),
-                ("The full grid's run and the loops grid's", (THIRD_FULL, THIRD_LOOPS), False),
+                ("The full grid's first run alone", THIRD_FULL[:1], False),
+                ("The full grid's three runs, each point the median", THIRD_FULL, True),
+                (
+                    "The full grid's three runs and the loops grid's",
+                    THIRD_FULL + (THIRD_LOOPS,),
+                    False,
+                ),
             ),
             second_guest_profile(),
             "the Intel guest's runs above (full and loops)",
         ),
-        *one_run_worst(THIRD_FULL, OTHER_FULL + FULL),
+        *one_run_worst(THIRD_FULL[0], OTHER_FULL + FULL + THIRD_FULL[1:]),
         "",
+        *noisiest(THIRD_FULL),
+        "",
+        "### Warm calls",
+        "",
+        "The same guest's full and loops grids timed once more each with `validate --warm`",
+        "(22:21 and 22:26 UTC): each point's calls back to back, nothing between them, as a",
+        "serving loop calls its steps, where the runs above write four times the last-level",
+        'cache before every call (docs/validation.md, "Warm calls").',
+        "",
+        *warm_calls(),
         f"## The quick grid, {len(QUICK)} runs",
         "",
         *each_run(QUICK, quick_runs),

@@ -802,25 +802,6 @@ def test_runs_of_two_grids_combine_into_their_union(monkeypatch, tmp_path, profi
         assert (s.split_key == s.key) == (r.point.steps is None)
 
 
-@pytest.mark.slow
-def test_by_shape_times_each_shape_alone_and_says_so(tmp_path, profile_path):
-    """``--by-shape``: the test grid timed one shape's points after another; every point is
-    timed, the run says how, and a run timed as one set does not combine with it."""
-    out = tmp_path / "by_shape.json"
-    result = invoke("--grid", "test", "--device", str(profile_path), "--by-shape", "--format",
-                    "json", "--out", str(out))  # fmt: skip
-    assert result.exit_code == 0, result.output
-    doc = json.loads(result.stdout)
-    assert doc["by_shape"] is True and all(p["measured_s"] > 0 for p in doc["points"])
-    assert validation.read_validation(out).by_shape
-    data = json.loads(out.read_text())
-    data["by_shape"] = False
-    other = tmp_path / "one_set.json"
-    other.write_text(json.dumps(data))
-    mixed = invoke("--from", str(out), "--from", str(other))
-    assert mixed.exit_code == 1 and "only runs timed alike combine" in mixed.output
-
-
 def test_by_shape_measures_each_shape_as_its_own_set(monkeypatch):
     """``measure(by_shape=True)`` builds and times one set per model shape, in the grid's
     order of shapes, and hands back every point's figures in the order of the points."""
@@ -843,6 +824,80 @@ def test_by_shape_measures_each_shape_as_its_own_set(monkeypatch):
     sets.clear()
     timing.measure(points, grid)  # one set of every point
     assert len(sets) == 1 and len(sets[0]) == len(points)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("flag", "key", "said"),
+    [("--by-shape", "by_shape", "validate: timing"), ("--warm", "warm", "called back to back")],
+)
+def test_a_timing_mode_times_every_point_says_so_and_combines_only_alike(
+    tmp_path, profile_path, flag, key, said
+):
+    """``--by-shape`` (each shape's points alone) and ``--warm`` (each point's calls back to
+    back): every point of the test grid timed, the run says how (in its JSON and read back),
+    a run timed the other way does not combine with it, and ``--from`` refuses the flag."""
+    out = tmp_path / "mode.json"
+    result = invoke("--grid", "test", "--device", str(profile_path), flag, "--format", "json",
+                    "--out", str(out))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert said in result.stderr
+    doc = json.loads(result.stdout)
+    assert doc[key] is True and all(p["measured_s"] > 0 for p in doc["points"])
+    assert getattr(validation.read_validation(out), key)
+    data = json.loads(out.read_text())
+    data[key] = False
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(data))
+    assert not getattr(validation.read_validation(other), key)
+    mixed = invoke("--from", str(out), "--from", str(other))
+    assert mixed.exit_code == 1 and "only runs timed alike combine" in mixed.output
+    refit = invoke("--from", str(out), flag)
+    assert refit.exit_code == 2 and "--from prices a saved run" in refit.output
+
+
+@pytest.mark.parametrize("warm", [False, True])
+def test_warm_calls_each_point_back_to_back_without_eviction(monkeypatch, warm):
+    """``measure(warm=True)`` times each point's calls in a row of their own, nothing between
+    them; the default times every point in one round-robin with the cache evicted before every
+    call. Either way each point gets its own median, spread and faults."""
+    grid = get_grid("test")
+    points = grid.points()
+    built = {}
+
+    class FakeGroup:
+        def __init__(self, shape, grid, points, seed):
+            pass
+
+        def build(self, p):
+            built[p.label()] = lambda: None
+            return timing.Built(built[p.label()], 0.5, 0.0)
+
+    sets = []
+
+    def fake_rounds(calls, arg_sets, settings, *, between=None, tally=None):
+        sets.append((list(calls), between))
+        for j in range(len(calls)):
+            tally.add(j, 0.0, 2.0)
+        return [[1.0 + len(sets), 2.0 + len(sets), 3.0 + len(sets)] for _ in calls]
+
+    def evict():
+        return None
+
+    monkeypatch.setattr(timing, "Group", FakeGroup)
+    monkeypatch.setattr(timing, "time_rounds", fake_rounds)
+    monkeypatch.setattr(timing, "cache_evictor", lambda: evict)
+    times = timing.measure(points, grid, warm=warm)
+    calls = [built[p.label()] for p in points]
+    if warm:
+        assert sets == [([c], None) for c in calls]
+    else:
+        assert sets == [(calls, evict)]
+    for i, (p, t) in enumerate(zip(points, times, strict=True)):
+        n = 1 + (i + 1 if warm else 1)
+        assert t.seconds == pytest.approx((1.0 + n) / p.per_call(grid.decode_steps))
+        assert t.repeat_spread_pct == pytest.approx(100 * 2.0 / (1.0 + n))
+        assert t.faults_per_call == 2.0 and t.compile_s == 0.5
 
 
 def test_fresh_bytes_are_xlas_temporaries_that_glibc_maps_afresh():

@@ -156,6 +156,7 @@ def document(
         "seconds": v.seconds,
         "runs": v.runs,
         "by_shape": v.by_shape,
+        "warm": v.warm,
         "device": device_json(v),
         "grid": grid_json(v),
         "points": [point_json(r) for r in v.results],

@@ -75,6 +75,7 @@ class Validation:
     load_average: float = 0.0  # this machine's 1-minute load average before the timing began
     runs: int = 1  # runs of the grid whose per-point medians these are (``combine_runs``)
     by_shape: bool = False  # each shape's points timed as a set of their own (``measure``)
+    warm: bool = False  # each point's calls back to back, no cache eviction (``measure``)
 
 
 def running_kind() -> str:
@@ -192,12 +193,14 @@ def validate(
     seed: int = 0,
     progress=None,
     by_shape: bool = False,
+    warm: bool = False,
 ) -> Validation:
     """Time every point of ``grid`` on this machine beside the cost model's prediction on
     ``device``. ``impl="auto"`` follows ``device`` while the points compile, as it does in
     ``serve`` with that profile. Points whose call needs more than ``grid.max_flops`` FLOPs
     are left out (``skipped``). ``by_shape``: time each model shape's points as a set of
-    their own (``timing.measure``)."""
+    their own; ``warm``: each point's calls back to back, the cache not evicted
+    (``timing.measure``)."""
     started = time.perf_counter()
     say = progress or (lambda _m: None)
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -217,7 +220,9 @@ def validate(
     check_memory(grid, [p for p, _ in kept])
     load = busy(say)  # read before the timing, whose own load it would otherwise count
     with unembed.using_device_profile(device):
-        times = measure([p for p, _ in kept], grid, seed=seed, progress=say, by_shape=by_shape)
+        times = measure(
+            [p for p, _ in kept], grid, seed=seed, progress=say, by_shape=by_shape, warm=warm
+        )
     results: list[Result] = []
     for (p, _), t in zip(kept, times, strict=True):
         measured = t.seconds
@@ -245,4 +250,5 @@ def validate(
         seconds=time.perf_counter() - started,
         load_average=load,
         by_shape=by_shape,
+        warm=warm,
     )

@@ -161,6 +161,7 @@ def read_validation(
         ),
         runs=integer(data.get("runs", 1), where=f"{where}: runs", minimum=1),
         by_shape=boolean(data.get("by_shape", False), where=f"{where}: by_shape"),
+        warm=boolean(data.get("warm", False), where=f"{where}: warm"),
     )
 
 
@@ -168,7 +169,7 @@ def measured_fields(doc: dict[str, Any]) -> dict[str, Any]:
     """``doc`` (a validation JSON) with each point cut to what was measured: what
     ``read_validation`` reads, a fraction of the size, for keeping a run as data."""
     keep = ("schema", "kind", "date", "host", "load_average", "command", "seconds", "runs",
-            "by_shape", "device", "grid")  # fmt: skip
+            "by_shape", "warm", "device", "grid")  # fmt: skip
     out = {k: doc[k] for k in keep if k in doc}
     out["points"] = [
         {k: p[k] for k in _POINT_FIELDS + _POINT_OPTIONAL + ("steps",) if k in p}
@@ -177,12 +178,16 @@ def measured_fields(doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _calls(warm: bool) -> str:
+    return "warm (each point's calls back to back)" if warm else "with the cache evicted"
+
+
 def combine_runs(runs: Sequence[Validation], names: Sequence[str] | None = None) -> Validation:
     """Runs as one: each point's median time (and compile time) over the runs that timed it, its
     spread (``runs_spread_pct``: max - min over the median), priced as the first run that
     timed it prices it. Runs of one grid must hold the same points; runs of several grids (the
     full grid's and the ``loops`` grid's, say) combine into the union of their points, where
-    they loop alike (one ``decode_steps``) and were timed alike (``by_shape``). The result
+    they loop alike (one ``decode_steps``) and were timed alike (``by_shape``, ``warm``). The result
     keeps the first run's grid.
 
     A decode loop of a point's own length (``Point.steps``) is measured against its
@@ -215,6 +220,11 @@ def combine_runs(runs: Sequence[Validation], names: Sequence[str] | None = None)
             raise UserError(
                 f"{name}: timed {'by shape' if v.by_shape else 'as one set'}, {names[0]} "
                 f"{'by shape' if first.by_shape else 'as one set'}: only runs timed alike combine"
+            )
+        if v.warm != first.warm:
+            raise UserError(
+                f"{name}: timed {_calls(v.warm)}, {names[0]} {_calls(first.warm)}: only runs "
+                "timed alike combine"
             )
         own = {r.point.label(): r for r in v.results}
         match = next(((n, labels) for g, n, labels in first_of if g == v.grid), None)

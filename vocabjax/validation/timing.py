@@ -345,6 +345,7 @@ def measure(
     seed: int = 0,
     progress: Progress | None = None,
     by_shape: bool = False,
+    warm: bool = False,
 ) -> list[Timed]:
     """(measured seconds per step or op, compile seconds, minor page faults per call) of each
     of ``points`` (``Timed``; the faults None where the platform does not count them): every
@@ -352,19 +353,24 @@ def measure(
     one set, so that a load that comes and goes during the run slows every point alike.
     ``by_shape``: each model shape's points are built and timed as a set of their own, one
     shape after another, the other shapes' arrays and calls freed (a point can run slower
-    beside the other shapes' resident arrays: docs/validation.md)."""
+    beside the other shapes' resident arrays: docs/validation.md). ``warm``: each point's calls
+    back to back, nothing between them, one point after another, as a serving loop calls its
+    steps (on a CPU whose last-level cache holds a point's arrays they are read from there, and
+    the runtime's own state is warm too: docs/validation.md, "Warm calls")."""
     if not by_shape:
-        return _measure_set(points, grid, seed=seed, progress=progress)
+        return _measure_set(points, grid, seed=seed, progress=progress, warm=warm)
     out: dict[int, Timed] = {}
     for shape in dict.fromkeys(p.shape for p in points):
         index = [i for i, p in enumerate(points) if p.shape == shape]
-        times = _measure_set([points[i] for i in index], grid, seed=seed, progress=progress)
+        times = _measure_set(
+            [points[i] for i in index], grid, seed=seed, progress=progress, warm=warm
+        )
         out.update(zip(index, times, strict=True))
     return [out[i] for i in range(len(points))]
 
 
 def _measure_set(
-    points: Sequence[Point], grid: Grid, *, seed: int, progress: Progress | None
+    points: Sequence[Point], grid: Grid, *, seed: int, progress: Progress | None, warm: bool
 ) -> list[Timed]:
     """``measure`` of one set of points timed together."""
     say = progress or (lambda _m: None)
@@ -379,12 +385,26 @@ def _measure_set(
             fresh.append(built.fresh_bytes)
             say(f"validate: compiled {i}/{len(points)}: {p.label()} ({built.compile_s:.1f} s)")
         s = grid.timing
-        say(
-            f"validate: timing {len(points)} points round-robin ({s.warmup - 1} warm-up and "
-            f"{s.repeats} timed rounds after a first call each)"
-        )
         tally = Tally(minor_faults)
-        rounds = time_rounds(calls, [()], s, between=cache_evictor(), tally=tally)
+        if warm:
+            say(
+                f"validate: timing {len(points)} points one after another, each called back to "
+                f"back ({s.warmup - 1} warm-up and {s.repeats} timed calls after a first call)"
+            )
+            rounds, faults = [], []
+            for i, call in enumerate(calls):
+                own = Tally(minor_faults)
+                rounds += time_rounds([call], [()], s, tally=own)
+                faults += own.medians(1)
+                if (i + 1) % 50 == 0 and i + 1 < len(calls):
+                    say(f"validate: timed {i + 1}/{len(calls)}")
+        else:
+            say(
+                f"validate: timing {len(points)} points round-robin ({s.warmup - 1} warm-up "
+                f"and {s.repeats} timed rounds after a first call each)"
+            )
+            rounds = time_rounds(calls, [()], s, between=cache_evictor(), tally=tally)
+            faults = tally.medians(len(points))
     except jax.errors.JaxRuntimeError as exc:  # e.g. RESOURCE_EXHAUSTED: the grid's memory
         first = str(exc).strip().splitlines()[0][:300]
         raise UserError(f"validate: the device refused a call: {first}") from None
@@ -392,7 +412,6 @@ def _measure_set(
         groups = calls = None  # free the arrays before the caller goes on
         gc.collect()
     per_call = [p.per_call(grid.decode_steps) for p in points]
-    faults = tally.medians(len(points))
     return [
         Timed(statistics.median(t) / n, c, f, m, spread_pct(t))
         for t, n, c, f, m in zip(rounds, per_call, compiles, faults, fresh, strict=True)
