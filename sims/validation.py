@@ -45,7 +45,7 @@ THIRD_FULL = tuple(f"validation_cpu_full_{i}.json" for i in (14, 15, 16))
 THIRD_LOOPS = "validation_cpu_loops_4.json"
 # the third guest's grids timed warm (``validate --warm``: each point's calls back to back, the
 # cache not evicted), as a serving loop calls its steps
-WARM = ("validation_cpu_warm_full_1.json", "validation_cpu_warm_loops_1.json")
+WARM = tuple(f"validation_cpu_warm_{grid}_{i}.json" for grid in ("full", "loops") for i in (1, 2))
 FIGURE = "validation_cpu_full.png"
 TARGET = (10.0, 30.0)  # issue 10: median and worst |error| of the held-out steps, percent
 
@@ -490,10 +490,11 @@ def main() -> None:
         "",
         "### Warm calls",
         "",
-        "The same guest's full and loops grids timed once more each with `validate --warm`",
-        "(22:21 and 22:26 UTC): each point's calls back to back, nothing between them, as a",
-        "serving loop calls its steps, where the runs above write four times the last-level",
-        'cache before every call (docs/validation.md, "Warm calls").',
+        "The same guest's full and loops grids timed twice more each with `validate --warm`",
+        "(from 22:21 and from 23:16 UTC, the loops grid first): each point's calls back to",
+        "back, nothing between them, as a serving loop calls its steps, where the runs above",
+        'write four times the last-level cache before every call (docs/validation.md, "Warm',
+        'calls").',
         "",
         *warm_calls(),
         f"## The quick grid, {len(QUICK)} runs",
