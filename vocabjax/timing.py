@@ -197,6 +197,11 @@ def time_rounds(
     return times
 
 
+def spread_pct(times: Sequence[float]) -> float:
+    """(max - min) / median of ``times``, in %: how far repeated timings of one thing disagree."""
+    return 100.0 * (max(times) - min(times)) / statistics.median(times)
+
+
 EVICT_BYTES = 256 * 2**20  # written between timed calls where the last-level cache is unknown
 
 

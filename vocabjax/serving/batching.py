@@ -515,7 +515,7 @@ class RunningBatch:
                 args = (params, self._state, self._keys_b, np.int32(1), np.int32(1))
                 self._steps_function(self.head, how, window, args)
             for staged in stages:
-                slots_n = jnp.full((staged.rows,), rows, jnp.int32)  # none joins
+                slots_n = np.full(staged.rows, rows, np.int32)  # none joins (as ``join`` passes)
                 self._join_function(staged, (self._state, self._keys_b, *staged.arrays, slots_n))
             for other in buckets:
                 if other != rows:

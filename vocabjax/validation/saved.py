@@ -33,7 +33,7 @@ from vocabjax.profiles import (
     text,
 )
 from vocabjax.shapes import shape_from_mapping
-from vocabjax.timing import TimingSettings
+from vocabjax.timing import TimingSettings, spread_pct
 from vocabjax.validation.grid import AXES, FAMILIES, Grid, Point
 from vocabjax.validation.prediction import predict
 from vocabjax.validation.run import (
@@ -267,7 +267,7 @@ def combine_runs(runs: Sequence[Validation], names: Sequence[str] | None = None)
             each[0],
             measured_s=median,
             compile_s=statistics.median(x.compile_s for x in each),
-            runs_spread_pct=100.0 * (max(ts) - min(ts)) / median,
+            runs_spread_pct=spread_pct(ts),
             faults_per_call=None if None in faults else statistics.median(faults),
             fresh_bytes=fresh.pop() if fresh else None,
             repeat_spread_pct=None if None in spreads else statistics.median(spreads),

@@ -53,7 +53,7 @@ from vocabjax.models.gpt import LayerCache
 from vocabjax.progress import Progress
 from vocabjax.serving.engine import MIN_BUCKET, Engine, LoadedRun, Sampling
 from vocabjax.shapes import ModelShape
-from vocabjax.timing import Tally, cache_evictor, minor_faults, time_rounds
+from vocabjax.timing import Tally, cache_evictor, minor_faults, spread_pct, time_rounds
 from vocabjax.train import CorpusSpec, Functional, HeadTokenizer, RunConfig
 from vocabjax.train.steps import make_train_step, optimizer
 from vocabjax.validation.grid import Grid, Point
@@ -385,7 +385,6 @@ def _measure_set(
             fresh.append(built.fresh_bytes)
             say(f"validate: compiled {i}/{len(points)}: {p.label()} ({built.compile_s:.1f} s)")
         s = grid.timing
-        tally = Tally(minor_faults)
         if warm:
             say(
                 f"validate: timing {len(points)} points one after another, each called back to "
@@ -403,6 +402,7 @@ def _measure_set(
                 f"validate: timing {len(points)} points round-robin ({s.warmup - 1} warm-up "
                 f"and {s.repeats} timed rounds after a first call each)"
             )
+            tally = Tally(minor_faults)
             rounds = time_rounds(calls, [()], s, between=cache_evictor(), tally=tally)
             faults = tally.medians(len(points))
     except jax.errors.JaxRuntimeError as exc:  # e.g. RESOURCE_EXHAUSTED: the grid's memory
@@ -416,8 +416,3 @@ def _measure_set(
         Timed(statistics.median(t) / n, c, f, m, spread_pct(t))
         for t, n, c, f, m in zip(rounds, per_call, compiles, faults, fresh, strict=True)
     ]
-
-
-def spread_pct(times: Sequence[float]) -> float:
-    """(max - min) / median of ``times``, in %."""
-    return 100.0 * (max(times) - min(times)) / statistics.median(times)
