@@ -395,7 +395,9 @@ def policy_json(plan: Plan, model: CostModel, *, max_heads: int) -> dict[str, An
         "single": {"vocab": v[plan.single], "cost_per_byte": plan.single_cost},
         "heads": [v[i] for i in plan.heads],
         "cost_per_byte": plan.heads_cost,
-        "saving_vs_single": 1.0 - plan.heads_cost / plan.single_cost,
+        # a set of one head is the single V, so the best set never costs more; the two J are
+        # summed in different orders (f32), and a tie must not print as "-0.00% below single"
+        "saving_vs_single": max(0.0, 1.0 - plan.heads_cost / plan.single_cost),
         "routes": [
             {
                 "name": c.name,
