@@ -1664,10 +1664,11 @@ def autotune(vocab, batch, d_model, dtype, ops, quick, out, fmt):
 @click.option(
     "--grid",
     "grid_name",
-    type=click.Choice(["full", "quick", "loops", "anchor", "test"]),
+    type=click.Choice(["full", "quick", "loops", "anchor", "gpu", "test"]),
     help="A preset grid by name [default: full; --quick: quick; --anchor: anchor]: loops times "
     "decode loops of 1, 8 and 32 steps a call alone, to fit beside the full grid; anchor a "
-    "minute of steps (test: seconds, for the test suite).",
+    "minute of steps; gpu a Llama-like 1B model for an accelerator (test: seconds, for the "
+    "test suite).",
 )
 @click.option(
     "--fit",

@@ -1,21 +1,33 @@
-"""One prepared check for a lent GPU: kernel correctness, then autotune on a small grid.
+"""One prepared check for a lent GPU: kernel correctness, the simulator against this card's own
+timings, then autotune on a small grid.
 
-    python benchmarks/gpu_check.py --out "$OUT"          # on the GPU machine (about 5-8 min)
-    python benchmarks/gpu_check.py --cpu-try              # rehearsal here: interpreter, tiny grid
+    python benchmarks/gpu_check.py --out "$OUT"          # on the GPU machine (about 8-12 min)
+    python benchmarks/gpu_check.py --out "$OUT" --skip-autotune   # the first three (4-6 min)
+    python benchmarks/gpu_check.py --cpu-try              # rehearsal here: interpreter, tiny grids
 
 1. ``pallas_kernels.selfcheck.run_all``: every Pallas kernel compiled for this device (the
    interpreter on CPU) against its pure-jnp reference.
 2. The public ops with ``impl="pallas"`` against ``impl="xla"`` at ragged shapes
    (V = 50,257, D = 768, B in 1, 3, 513; f32 and bf16): greedy ids' logits, logsumexp, top-k
    values, the sample (identical), cross-entropy loss and gradients.
-3. ``autotune`` on a small grid (V in {32k, 131k}, B in {1, 16, 256}, D = 768, bf16; greedy and
+3. ``validate`` on the ``gpu`` grid (vocabjax.validation: a Llama-like 1B model's decode
+   loops, prefills, training steps and the ops, 75 points) priced on the builtin profile of
+   this card (``h100-sxm``, ``h200``, ``a100-80gb``: calibrated on published kernel timings;
+   else its ceilings measured now), the same points priced again on the card's datasheet
+   profile, and ``--fit`` on them: how far the simulator's GPU profiles price this project's
+   own steps on a real card (issue 10), before and after a fit on a third of them held out.
+   ``--skip-validate`` leaves it out.
+4. ``autotune`` on a small grid (V in {32k, 131k}, B in {1, 16, 256}, D = 768, bf16; greedy and
    linear_cross_entropy), with at most ``--pallas-candidates`` tilings per kernel.
-4. The GPU goals of issue 4 from those timings: fused decode >= 80% of the measured bandwidth
+5. The GPU goals of issue 4 from those timings: fused decode >= 80% of the measured bandwidth
    for B <= 16 and no slower than XLA; compute-bound forward (B = 256) >= 0.95x XLA's FLOP/s;
    fused cross-entropy >= 0.9x XLA's throughput.
 
-Writes ``gpu_check.json`` (everything), ``gpu_check.md`` (the tables) and the measured device
-profile ``profile.json`` to ``--out``; prints the short goal table last.
+Writes ``gpu_check.json`` (everything), ``gpu_check.md`` (the tables), the validation run
+``validation.json`` (``validate --from`` reads it), its calibrated profile
+``validation_profile.json`` and autotune's measured device profile ``profile.json`` to
+``--out``, the first two again after every step (a run cut short keeps what it finished);
+prints the short goal table last.
 """
 
 from __future__ import annotations
@@ -36,9 +48,15 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from vocabjax import autotune as at  # noqa: E402
-from vocabjax import render, timing, unembed  # noqa: E402
-from vocabjax.hardware import save_device  # noqa: E402
+from vocabjax import render, timing, unembed, validation  # noqa: E402
+from vocabjax.errors import UserError  # noqa: E402
+from vocabjax.hardware import BUILTIN_DEVICES, DATASHEET, save_device  # noqa: E402
 from vocabjax.outputs import atomic_write_text  # noqa: E402
+from vocabjax.validation.fit import calibrate  # noqa: E402
+
+# the builtin profile of each card this project has one for (by jax's device_kind), its
+# efficiency tables fitted on published kernel timings (docs/gpu_calibration.md)
+CARD_PROFILES = (("H200", "h200"), ("H100", "h100-sxm"), ("A100", "a100-80gb"))
 
 
 def say(msg: str) -> None:
@@ -220,19 +238,122 @@ def goals(run: at.Run, d_model: int) -> list[dict]:
     return out
 
 
+def card_profile(device) -> str:
+    """The builtin profile of ``device``'s card, or ``validate``'s ``measure`` (its ceilings
+    measured now) for a card with none."""
+    kind = str(getattr(device, "device_kind", "")).upper()
+    return next((name for needle, name in CARD_PROFILES if needle in kind), validation.MEASURE)
+
+
+def validation_step(out: Path, profile: str, grid: str) -> dict:
+    """``validate`` on ``grid`` priced on ``profile``, the same points priced on its datasheet
+    variant (where it has one) and fitted (``validate --fit``): the error tables, with the run
+    and the calibrated profile written to ``out``."""
+    v = validation.validate(profile, grid, progress=say)
+    result = {
+        "headline": validation.headline(v),
+        "profile": v.device.name,
+        "before": validation.summary_rows(v),
+    }
+    try:
+        cal = calibrate(v)
+    except UserError as exc:  # a grid too small to fit on (the CPU rehearsal's)
+        cal, result["fit_error"] = None, str(exc)
+    doc = validation.document(v, command=f"gpu_check: validate --grid {grid} --fit", calibrated=cal)
+    atomic_write_text(out / "validation.json", json.dumps(doc, indent=2) + "\n")
+    if cal is not None:
+        save_device(cal.fit.profile, out / "validation_profile.json")
+        result["held_out_before"] = validation.summary_rows(v, cal.held_out(v.results))
+        result["held_out_after"] = validation.summary_rows(v, cal.held_out(cal.after))
+    sheet = profile + DATASHEET
+    if sheet in BUILTIN_DEVICES:
+        again = validation.read_validation(out / "validation.json", sheet)
+        result["datasheet"] = {"profile": sheet, "rows": validation.summary_rows(again)}
+    return result
+
+
+def markdown_report(report: dict) -> str:
+    """gpu_check.md: every table of ``report`` so far."""
+    md = [f"# gpu_check: {report['header']}", "", "## Pallas kernels against their references", ""]
+    md.append(
+        render.markdown(
+            report["selfcheck"], ["kernel", "shape", "dtype", "max_abs_err", "ok", "error"]
+        )
+    )
+    if "public_ops" in report:
+        md += ["", "## Public ops, impl=pallas against impl=xla", ""]
+        md.append(
+            render.markdown(
+                report["public_ops"], ["op", "shape", "dtype", "max_abs_err", "ok", "error"]
+            )
+        )
+    val = report.get("validation")
+    if val is not None:
+        md += ["", "## The simulator against this card (validate)", ""]
+        if "error" in val:
+            md.append(f"validate failed: {val['error']}")
+        else:
+            md += [val["headline"], "", f"Every point, priced on `{val['profile']}`:", ""]
+            md.append(render.markdown(val["before"]))
+            if "datasheet" in val:
+                md += ["", f"The same points priced on `{val['datasheet']['profile']}`:", ""]
+                md.append(render.markdown(val["datasheet"]["rows"]))
+            if "held_out_after" in val:
+                md += ["", "Held-out points (a third, never fitted), before the fit:", ""]
+                md.append(render.markdown(val["held_out_before"]))
+                md += ["", "and after it (`validation_profile.json`):", ""]
+                md.append(render.markdown(val["held_out_after"]))
+            if "fit_error" in val:
+                md += ["", f"not fitted: {val['fit_error']}"]
+    if "autotune" in report:
+        md += ["", "## Ceilings", "", render.markdown(report["ceilings"]), "", "## Autotune", ""]
+        md.append(render.markdown(report["autotune"]))
+        if report["failures"]:
+            md += ["", "## Failed candidate checks", "", render.markdown(report["failures"])]
+        md += [
+            "",
+            "## Goals",
+            "",
+            render.markdown(report["goals"]) if report["goals"] else "(no pallas timings)",
+        ]
+    if "seconds" in report:
+        md += ["", f"total {report['seconds']:.0f} s"]
+    return "\n".join(md) + "\n"
+
+
+def write(out: Path, report: dict) -> None:
+    """gpu_check.json and gpu_check.md as they stand (after every step)."""
+    atomic_write_text(out / "gpu_check.json", json.dumps(report, indent=2, default=str) + "\n")
+    atomic_write_text(out / "gpu_check.md", markdown_report(report))
+
+
 def main(argv=None) -> int:
     """The GPU check as one script, in the order it runs and prints: the device, the kernels' own
-    checks, the public ops, autotune's timings and the goals. Long because each step is a few
-    lines of calls and a table, read top to bottom as the run's log."""
+    checks, the public ops, the simulator against this card, autotune's timings and the goals.
+    Long because each step is a few lines of calls and a table, read top to bottom as the run's
+    log; the report is written again after every step."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument(
-        "--out", default="gpu_check_out", help="folder for gpu_check.{json,md}, profile.json"
+        "--out", default="gpu_check_out", help="folder for gpu_check.{json,md} and the profiles"
     )
     p.add_argument(
-        "--cpu-try", action="store_true", help="rehearse on CPU: interpreter, tiny shapes"
+        "--cpu-try", action="store_true", help="rehearse on CPU: interpreter, tiny shapes and grids"
     )
     p.add_argument("--pallas-candidates", type=int, default=3)
     p.add_argument("--skip-autotune", action="store_true")
+    p.add_argument("--skip-validate", action="store_true")
+    p.add_argument(
+        "--validate-grid",
+        default=None,
+        choices=sorted(validation.GRIDS),
+        help="the grid validate times [gpu; --cpu-try: test]",
+    )
+    p.add_argument(
+        "--validate-profile",
+        default=None,
+        help="the profile validate prices on [this card's builtin (CARD_PROFILES), else "
+        "measure; --cpu-try: measure]",
+    )
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     out = Path(args.out)
@@ -260,12 +381,26 @@ def main(argv=None) -> int:
             f"selfcheck {r.get('kernel')} {r.get('shape')} {r.get('dtype')}: {'ok' if r.get('ok') else 'FAILED'}"
         )
     report["selfcheck"] = kernel_rows
+    write(out, report)
 
     if args.cpu_try:
         shapes, blocks = [(3, 1000, 100), (37, 1000, 100)], None
     else:
         shapes, blocks = [(1, 50257, 768), (3, 50257, 768), (513, 50257, 768)], None
     report["public_ops"] = public_op_checks(shapes, ("f32", "bf16"), interpret, blocks)
+    write(out, report)
+
+    if not args.skip_validate:
+        grid = args.validate_grid or ("test" if args.cpu_try else "gpu")
+        profile = args.validate_profile or (
+            validation.MEASURE if args.cpu_try else card_profile(device)
+        )
+        try:
+            report["validation"] = validation_step(out, profile, grid)
+        except Exception:  # the other steps still run
+            report["validation"] = {"error": traceback.format_exc(limit=3)}
+            say(report["validation"]["error"])
+        write(out, report)
 
     goal_rows: list[dict] = []
     if not args.skip_autotune:
@@ -296,31 +431,7 @@ def main(argv=None) -> int:
         goal_rows = goals(run, grid["d_model"])
         report["goals"] = goal_rows
     report["seconds"] = time.perf_counter() - t0
-
-    atomic_write_text(out / "gpu_check.json", json.dumps(report, indent=2, default=str) + "\n")
-    md = [f"# gpu_check: {header}", "", "## Pallas kernels against their references", ""]
-    md.append(
-        render.markdown(kernel_rows, ["kernel", "shape", "dtype", "max_abs_err", "ok", "error"])
-    )
-    md += ["", "## Public ops, impl=pallas against impl=xla", ""]
-    md.append(
-        render.markdown(
-            report["public_ops"], ["op", "shape", "dtype", "max_abs_err", "ok", "error"]
-        )
-    )
-    if "autotune" in report:
-        md += ["", "## Ceilings", "", render.markdown(report["ceilings"]), "", "## Autotune", ""]
-        md.append(render.markdown(report["autotune"]))
-        if report["failures"]:
-            md += ["", "## Failed candidate checks", "", render.markdown(report["failures"])]
-        md += [
-            "",
-            "## Goals",
-            "",
-            render.markdown(goal_rows) if goal_rows else "(no pallas timings)",
-        ]
-    md += ["", f"total {report['seconds']:.0f} s"]
-    atomic_write_text(out / "gpu_check.md", "\n".join(md) + "\n")
+    write(out, report)
 
     n_bad = sum(not r.get("ok") for r in kernel_rows) + sum(
         not r["ok"] for r in report["public_ops"]
@@ -329,11 +440,20 @@ def main(argv=None) -> int:
         f"{header}: {len(kernel_rows)} kernel checks, {len(report['public_ops'])} public-op checks, "
         f"{n_bad} failed; {report['seconds']:.0f} s; wrote {out}/gpu_check.md"
     )
+    val = report.get("validation")
+    if val is not None and "before" in val:
+        every = next(r for r in val["before"] if r["group"] == "all")
+        print(
+            f"validate on {val['profile']}: {every['n']} points, "
+            f"{every['median_abs_error_pct']:.1f}% median, {every['max_abs_error_pct']:.0f}% worst"
+        )
+    elif val is not None:
+        print("validate failed (gpu_check.md says how)")
     if goal_rows:
         print(render.table(goal_rows, ["goal", "op", "vocab", "batch", "value", "target", "met"]))
     else:
         print("no goal rows (no Pallas timings in this run)")
-    return 1 if n_bad else 0
+    return 1 if n_bad or (val is not None and "error" in val) else 0
 
 
 if __name__ == "__main__":

@@ -15,10 +15,11 @@ A grid is a frozen description; :meth:`Grid.points` lists its points: decode and
 op axes; each decode point also at the grid's ``loop_steps`` (more steps per call). Presets:
 ``GRIDS["full"]`` (the default of ``validate``), ``"quick"`` (minutes on two CPU cores),
 ``"loops"`` (decode loops of 1, 8 and 32 steps per call alone, to fit beside the full grid),
-``"anchor"`` (a minute of steps that ``validate --anchor`` scales a profile by) and ``"test"``
-(seconds, for the test suite). Shapes beyond ``tiny`` are synthetic, GPT-like (MHA,
-4D GELU MLP) or Llama-like (GQA, SwiGLU), sized so that on a two-core CPU a step at B = 1 reads
-its weights from memory (memory-bound) and one at B >= 16 is compute-bound.
+``"anchor"`` (a minute of steps that ``validate --anchor`` scales a profile by), ``"gpu"`` (a
+1B Llama-like model for an accelerator) and ``"test"`` (seconds, for the test suite). The CPU
+grids' shapes beyond ``tiny`` are synthetic, GPT-like (MHA, 4D GELU MLP) or Llama-like (GQA,
+SwiGLU), sized so that on a two-core CPU a step at B = 1 reads its weights from memory
+(memory-bound) and one at B >= 16 is compute-bound.
 """
 
 from __future__ import annotations
@@ -238,6 +239,31 @@ def _anchor() -> Grid:
     )
 
 
+def _gpu() -> Grid:
+    """A Llama-like 1B model (``llama-1b``: GQA, SwiGLU, 16 layers of D = 2,048) on an
+    accelerator, where the CPU grids' shapes are all launch-bound: decode loops of 1, 8 and 32
+    steps a call at V = 32k and 128k, B = 1, 4, 16 and 64, caches of 512 and 2,048 positions;
+    prefills of 512 tokens; training steps of 1 and 4 x 512 tokens; and the ops. 75 points, 58
+    of them steps, of which the fit split holds enough to calibrate on (tests/test_gpu_grid.py);
+    its 16 engine builds dominate its minutes on a card (``benchmarks/gpu_check.py`` runs it).
+    Far too large for a CPU's two cores."""
+    return Grid(
+        name="gpu",
+        shapes=(BUILTIN_SHAPES["llama-1b"],),
+        vocabs=(32768, 131072),
+        batches=(1, 4, 16, 64),
+        contexts=(512, 2048),
+        prompt_tokens=(512,),
+        train_vocabs=(32768,),
+        train_batches=(1, 4),
+        train_seq=512,
+        op_vocabs=(32768, 131072),
+        op_batches=(1, 64, 256),
+        loop_steps=(1, 32),
+        max_flops=5e14,
+    )
+
+
 def _test() -> Grid:
     return Grid(
         name="test",
@@ -257,11 +283,18 @@ def _test() -> Grid:
     )
 
 
-GRIDS = {"full": _full, "quick": _quick, "loops": _loops, "anchor": _anchor, "test": _test}
+GRIDS = {
+    "full": _full,
+    "quick": _quick,
+    "loops": _loops,
+    "anchor": _anchor,
+    "gpu": _gpu,
+    "test": _test,
+}
 
 
 def get_grid(name: str) -> Grid:
-    """A preset grid by name (``GRIDS``: full, quick, loops, anchor, test)."""
+    """A preset grid by name (``GRIDS``: full, quick, loops, anchor, gpu, test)."""
     if name not in GRIDS:
         raise UserError(f"unknown grid {name!r} (choose from {', '.join(GRIDS)})")
     return GRIDS[name]()
