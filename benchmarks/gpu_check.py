@@ -1,8 +1,11 @@
 """One prepared check for a lent GPU: kernel correctness, the simulator against this card's own
 timings, then autotune on a small grid.
 
-    python benchmarks/gpu_check.py --out "$OUT"          # on the GPU machine (about 8-12 min)
-    python benchmarks/gpu_check.py --out "$OUT" --skip-autotune   # the first three (4-6 min)
+    python benchmarks/gpu_check.py --out "$OUT"          # on the GPU machine (8-12 min?)
+    python benchmarks/gpu_check.py --out "$OUT" --skip-autotune   # the first three (4-6 min?)
+
+(The minutes are estimates: the validate step has not yet run on a card. The report is written
+after every step, so a run cut off by a time limit keeps the steps it finished.)
     python benchmarks/gpu_check.py --cpu-try              # rehearsal here: interpreter, tiny grids
 
 1. ``pallas_kernels.selfcheck.run_all``: every Pallas kernel compiled for this device (the
