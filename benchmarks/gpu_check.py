@@ -19,6 +19,7 @@ after every step, so a run cut off by a time limit keeps the steps it finished.)
    else its ceilings measured now), the same points priced again on the card's datasheet
    profile, and ``--fit`` on them: how far the simulator's GPU profiles price this project's
    own steps on a real card (issue 10), before and after a fit on a third of them held out.
+   Its f32 matmuls run at true float32 there, as they are priced (not JAX's default TF32).
    ``--skip-validate`` leaves it out.
 4. ``autotune`` on a small grid (V in {32k, 131k}, B in {1, 16, 256}, D = 768, bf16; greedy and
    linear_cross_entropy), with at most ``--pallas-candidates`` tilings per kernel.

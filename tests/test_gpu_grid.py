@@ -1,16 +1,20 @@
 """The `gpu` validation grid that benchmarks/gpu_check.py times on a lent card, checked here where
 no card is: every point is kept, the points fit a card's memory, and enough of them fall in the
-fit split to calibrate on; and each card is priced on its own builtin profile."""
+fit split to calibrate on; each card is priced on its own builtin profile; and on a GPU the f32
+matmuls run at the f32 precision they are priced at, not JAX's default TF32."""
 
 import importlib.util
 import types
 from pathlib import Path
+
+import jax
 
 from vocabjax.calibration import MIN_FIT_SAMPLES, is_held_out
 from vocabjax.hardware import BUILTIN_DEVICES, load_device
 from vocabjax.validation import MEASURE, Result, call_flops, get_grid, predict
 from vocabjax.validation.fit import sample
 from vocabjax.validation.grid import STEP_FAMILIES
+from vocabjax.validation.run import matmuls_as_priced
 from vocabjax.validation.timing import resident_bytes
 
 GPU_CHECK = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
@@ -43,3 +47,13 @@ def test_each_card_is_priced_on_its_builtin_profile():
     ]:
         assert gpu_check.card_profile(types.SimpleNamespace(device_kind=kind)) == name
     assert all(name in BUILTIN_DEVICES for _, name in gpu_check.CARD_PROFILES)
+
+
+def test_on_a_gpu_validate_runs_f32_matmuls_at_f32_as_it_prices_them(monkeypatch):
+    default = jax.config.jax_default_matmul_precision
+    with matmuls_as_priced():  # this CPU: as it was
+        assert jax.config.jax_default_matmul_precision == default
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    with matmuls_as_priced():
+        assert jax.config.jax_default_matmul_precision == "float32"
+    assert jax.config.jax_default_matmul_precision == default

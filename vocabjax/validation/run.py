@@ -12,6 +12,7 @@ a tiny op: a few seconds), so a fresh machine validates without a profile.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import os
@@ -186,6 +187,16 @@ def host() -> str:
     return ", ".join(p for p in parts if p)
 
 
+def matmuls_as_priced():
+    """A context in which the points' f32 matmuls run at the precision the cost model prices
+    them at, the device's f32 peak: on a GPU, JAX by default computes f32 dot products on TF32
+    tensor cores (docs.jax.dev, "Matmul precision"), which no f32 peak prices, so there it pins
+    true float32; a CPU's f32 dots are float32 already, and its timings stay as they were."""
+    if jax.default_backend() == "cpu":
+        return contextlib.nullcontext()
+    return jax.default_matmul_precision("float32")
+
+
 def validate(
     device: DeviceProfile | str = MEASURE,
     grid: Grid | str = "full",
@@ -219,7 +230,7 @@ def validate(
         say(f"validate: {len(skipped)} points over {grid.max_flops:.3g} FLOPs per call left out")
     check_memory(grid, [p for p, _ in kept])
     load = busy(say)  # read before the timing, whose own load it would otherwise count
-    with unembed.using_device_profile(device):
+    with unembed.using_device_profile(device), matmuls_as_priced():
         times = measure(
             [p for p, _ in kept], grid, seed=seed, progress=say, by_shape=by_shape, warm=warm
         )
