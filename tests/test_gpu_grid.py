@@ -26,7 +26,9 @@ def test_the_gpu_grid_keeps_every_point_fits_a_card_and_can_be_fitted():
     priced = [(p, predict(p, card, decode_steps=grid.decode_steps)) for p in points]
     assert all(call_flops(p, q, grid.decode_steps) <= grid.max_flops for p, q in priced)
     (shape,) = {p.shape for p in points}
-    assert resident_bytes(shape, points, grid) <= 0.7 * card.memory_bytes  # validate's own check
+    # validate's own check: 70% of what the device reports, on a GPU the 75% of its memory
+    # JAX's allocator takes by default (XLA_PYTHON_CLIENT_MEM_FRACTION)
+    assert resident_bytes(shape, points, grid) <= 0.7 * 0.75 * card.memory_bytes
     steps = [
         sample(Result(p, q, q.predicted_s, 0.0)) for p, q in priced if p.family in STEP_FAMILIES
     ]
