@@ -41,7 +41,7 @@ LATER = "validation_cpu_loops_3.json"
 OTHER_QUICK = tuple(f"validation_cpu_quick_{i}.json" for i in (11, 12, 13))
 OTHER_FULL = tuple(f"validation_cpu_full_{i}.json" for i in (11, 12, 13))
 # a third guest (Intel again, another machine: the suite ran 1.6x faster there), fitted on its own
-THIRD_FULL = tuple(f"validation_cpu_full_{i}.json" for i in (14, 15, 16))
+THIRD_FULL = tuple(f"validation_cpu_full_{i}.json" for i in (14, 15, 16, 17))
 THIRD_LOOPS = "validation_cpu_loops_4.json"
 # the third guest's grids timed warm (``validate --warm``: each point's calls back to back, the
 # cache not evicted), as a serving loop calls its steps
@@ -465,7 +465,8 @@ def main() -> None:
         "The loops grid and the full grid timed on another Intel Xeon guest, the machine",
         "otherwise idle: the loops grid once and the full grid once (2026-12-07, 19:13 and",
         "19:38 UTC), then the full grid twice more in a later session on the same guest (from",
-        "21:31 UTC, one after the other, with each point's timed calls' spread recorded).",
+        "21:31 UTC, one after the other, with each point's timed calls' spread recorded),",
+        "and a fourth time in a third session (2026-12-08 02:04 UTC).",
         "The test suite runs in 6.3 min there against 9.4-10.8 on the guest of the runs above,",
         "and `lscpu` reports 480 MiB of L3. What a new machine's own runs give its own fit,",
         "beside the profile fitted on the Intel guest's runs above (`profiles/cpu-xeon.json` in",
@@ -474,9 +475,13 @@ def main() -> None:
         *own_fits(
             (
                 ("The full grid's first run alone", THIRD_FULL[:1], False),
-                ("The full grid's three runs, each point the median", THIRD_FULL, True),
                 (
-                    "The full grid's three runs and the loops grid's",
+                    f"The full grid's {len(THIRD_FULL)} runs, each point the median",
+                    THIRD_FULL,
+                    True,
+                ),
+                (
+                    f"The full grid's {len(THIRD_FULL)} runs and the loops grid's",
                     THIRD_FULL + (THIRD_LOOPS,),
                     False,
                 ),
