@@ -322,7 +322,7 @@ def routing_saving(cm, prompt_bytes: float, *, capped: bool) -> dict:
 def routing_gain():
     """What serving each batch at its own V saves against the best single V: the premise of
     the serving engine's router, which the paper implies (V* moves with B) but does not size."""
-    rows = []
+    rows, savings, capped_savings, short = [], [], [], []
     for dev in ("a10g", "a100-80gb", "h100-sxm"):
         for shape in PAPER_MODELS:
             cm = model(dev, shape, "full")
@@ -332,6 +332,11 @@ def routing_gain():
                     capped = routing_saving(cm, prompt, capped=True)
                 except UserError:  # not one sequence of this prompt fits beside the weights
                     capped = None
+                savings.append(uncapped["saving"])
+                if prompt == 4096.0:
+                    short.append(uncapped["saving"])
+                if capped is not None:
+                    capped_savings.append(capped["saving"])
                 rows.append(
                     {
                         "device": dev,
@@ -346,13 +351,6 @@ def routing_gain():
                         ),
                     }
                 )
-    savings = [float(r["saving"].rstrip("%")) for r in rows]
-    capped = [
-        float(r["saving, batch capped to memory"].rstrip("%"))
-        for r in rows
-        if r["saving, batch capped to memory"] != "nothing fits"
-    ]
-    short = [x for r, x in zip(rows, savings, strict=True) if r["prompt bytes"] == "4,096"]
     return (
         "**What it implies.** If V* moves with B, a server that gives each batch its own V (the "
         "nested heads `plan` picks and `serve` routes to) should cost less per served byte than "
@@ -365,7 +363,7 @@ def routing_gain():
         + "\n\n"
         f"Routing saves at most {max(savings):.1f}% (median {np.median(savings):.2f}%) over "
         f"these {len(rows)} rows, at most {max(short):.2f}% with 4 KiB prompts, and at most "
-        f"{max(capped):.1f}% where each batch is capped at what fits in the card's memory. "
+        f"{max(capped_savings):.1f}% where each batch is capped at what fits in the card's memory. "
         "The per-byte cost is flat near its minimum in V: one V between the two classes' own "
         "costs the mix no more than that above each class served at its own V. `plan` prints "
         "the same saving for a user's own workload, head set and profile (`best nested heads: "

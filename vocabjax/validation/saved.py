@@ -178,8 +178,11 @@ def measured_fields(doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _calls(warm: bool) -> str:
-    return "warm (each point's calls back to back)" if warm else "with the cache evicted"
+# how a run was timed (``Validation`` fields), said for each value: runs combine only alike
+_TIMED = {
+    "by_shape": {True: "by shape", False: "as one set"},
+    "warm": {True: "warm (each point's calls back to back)", False: "with the cache evicted"},
+}
 
 
 def combine_runs(runs: Sequence[Validation], names: Sequence[str] | None = None) -> Validation:
@@ -216,16 +219,12 @@ def combine_runs(runs: Sequence[Validation], names: Sequence[str] | None = None)
                 f"{name}: its decode loops run {v.grid.decode_steps} steps a call, "
                 f"{names[0]}'s {first.grid.decode_steps}: only runs that loop alike combine"
             )
-        if v.by_shape != first.by_shape:
-            raise UserError(
-                f"{name}: timed {'by shape' if v.by_shape else 'as one set'}, {names[0]} "
-                f"{'by shape' if first.by_shape else 'as one set'}: only runs timed alike combine"
-            )
-        if v.warm != first.warm:
-            raise UserError(
-                f"{name}: timed {_calls(v.warm)}, {names[0]} {_calls(first.warm)}: only runs "
-                "timed alike combine"
-            )
+        for field, said in _TIMED.items():
+            if getattr(v, field) != getattr(first, field):
+                raise UserError(
+                    f"{name}: timed {said[getattr(v, field)]}, {names[0]} "
+                    f"{said[getattr(first, field)]}: only runs timed alike combine"
+                )
         own = {r.point.label(): r for r in v.results}
         match = next(((n, labels) for g, n, labels in first_of if g == v.grid), None)
         if match is None:
